@@ -1,0 +1,1 @@
+"""Front ends for interactive use (the Gradio app lives here)."""

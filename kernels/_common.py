@@ -1,0 +1,109 @@
+"""Shared plumbing of the verifier backends: input checks, the Triton import, Triton helpers.
+
+Terms used throughout `specasr.kernels`:
+  G        γ, the number of drafted tokens per row
+  n        accepted count, the length of the accepted draft prefix (0..G)
+  residual w = max(0, p_n − q_n) at the first rejected position n; at n = G, q_G := 0, so
+           w = p_G and the same code draws the bonus token
+  race     the exponential race argmax_v w_v / E_v with E_v ~ Exp(1) i.i.d., an exact sample
+           from w / Σw that needs no normaliser; ties go to the lowest index
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # Triton ships for Linux x86_64 only; the torch paths work without it
+
+    class _NoTriton:
+        constexpr = None
+
+        @staticmethod
+        def jit(fn):
+            return fn
+
+    triton = tl = _NoTriton()
+    HAS_TRITON = False
+
+MODES = ("baseline", "exact", "sigmoid")
+BACKENDS = ("auto", "triton", "torch")
+MAX_VOCAB = 1 << 24  # tile partials carry token indices as float32, exact below 2**24
+
+
+def check_inputs(
+    target_logits: torch.Tensor,  # [B, G+1, V]
+    draft_logits: torch.Tensor,  # [B, G, V]
+    draft_tokens: torch.Tensor,  # [B, G] int64
+    uniforms: torch.Tensor,  # [B, G] float32
+    noise: torch.Tensor,  # [B, V] or [B, G+1, V] float32
+) -> tuple[int, int, int]:
+    """Validate the verify contract's shapes and dtypes (no device sync); return (B, G, V)."""
+    if target_logits.dim() != 3 or draft_logits.dim() != 3:
+        raise ValueError("target_logits must be [B, G+1, V] and draft_logits [B, G, V]")
+    B, G1, V = target_logits.shape
+    G = G1 - 1
+    if G < 1:
+        raise ValueError(f"need at least one drafted token, got target_logits {tuple(target_logits.shape)}")
+    if tuple(draft_logits.shape) != (B, G, V):
+        raise ValueError(f"draft_logits {tuple(draft_logits.shape)} != {(B, G, V)}")
+    if draft_logits.dtype != target_logits.dtype or not target_logits.is_floating_point():
+        raise ValueError("target and draft logits must share one floating dtype")
+    if tuple(draft_tokens.shape) != (B, G) or draft_tokens.dtype != torch.int64:
+        raise ValueError(f"draft_tokens must be int64 [B, G] = {(B, G)}")
+    if tuple(uniforms.shape) != (B, G):
+        raise ValueError(f"uniforms must be [B, G] = {(B, G)}")
+    if tuple(noise.shape) not in ((B, V), (B, G + 1, V)):
+        raise ValueError(f"noise must be [B, V] or [B, G+1, V], got {tuple(noise.shape)}")
+    if V > MAX_VOCAB:
+        raise ValueError(f"vocabulary of {V} exceeds {MAX_VOCAB}")
+    devices = {t.device for t in (target_logits, draft_logits, draft_tokens, uniforms, noise)}
+    if len(devices) != 1:
+        raise ValueError(f"all verify inputs must be on one device, got {devices}")
+    return B, G, V
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, B: int) -> torch.Tensor:
+    """Per-row arrival counters for the kernels' last-block reductions: [>= B] int32.
+
+    The last program of a row to arrive resets its counter to 0, so the buffer stays zeroed
+    between calls and no memset launch is needed. Consequence: verify calls that share a
+    device must not run concurrently on different streams.
+    """
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < B:
+        buf = torch.zeros(max(B, 64), dtype=torch.int32, device=device)
+        _counters[device] = buf
+    return buf
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@triton.jit
+def _scaled(x, temperature):
+    """Logits → fp32 logits / T with IEEE division, as torch computes them."""
+    return tl.math.div_rn(x.to(tl.float32), temperature)
+
+
+@triton.jit
+def _sigmoid_prob(z, alpha, beta):
+    """p̂ = σ((clamp(z, α, β) − α) / (β − α)); suppressed tokens (z = −inf) get p̂ = 0."""
+    u = tl.math.div_rn(tl.minimum(tl.maximum(z, alpha), beta) - alpha, beta - alpha)
+    return tl.where(z == -float("inf"), 0.0, tl.math.div_rn(1.0, 1.0 + tl.exp(-u)))
+
+
+@triton.jit
+def _arrive(counter_ptr, expected):
+    """Last-block election: True in exactly one program, after the others' stores are visible."""
+    tl.debug_barrier()
+    done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return done == expected - 1

@@ -1,0 +1,1 @@
+"""Dataset recipes for WER runs, and the draft-distillation recipe."""

@@ -1,0 +1,3 @@
+from specasr.cli import main
+
+main()

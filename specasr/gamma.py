@@ -1,0 +1,131 @@
+"""γ policies: how many draft tokens to propose at the next verify pass.
+
+- fixed:     γ never changes.
+- adaptive:  start at γ0; +2 when every proposed token was accepted, otherwise −1; γ >= 1.
+- analytic:  choose γ maximising expected tokens per second,
+
+      E[tokens | γ] = (1 − α^(γ+1)) / (1 − α)
+      time(γ)       = γ · t_draft + t_target(γ + 1)
+
+  with α, t_draft and the target's cost curve t_target(k) measured online. With a
+  constant target cost this is the classic (1 − α^(γ+1)) / ((1 − α)(γc + 1)), c = t_draft /
+  t_target; on a CPU the target pass grows with k, which this policy accounts for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens per verify pass when each draft token is accepted with prob. α."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def theoretical_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al.'s expected speedup over autoregressive decoding, constant target cost."""
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+class GammaPolicy:
+    def next(self) -> int:
+        raise NotImplementedError
+
+    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+        """Feedback from one verify pass: γ used, the fewest accepted over the batch's rows,
+        and the wall time of the draft's γ steps and of the target pass."""
+
+
+@dataclass
+class FixedGamma(GammaPolicy):
+    gamma: int
+
+    def next(self) -> int:
+        return self.gamma
+
+
+@dataclass
+class AdaptiveGamma(GammaPolicy):
+    gamma: int = 5
+    gamma_max: int = 16
+
+    def next(self) -> int:
+        return self.gamma
+
+    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+        if accepted >= gamma:
+            self.gamma = min(self.gamma_max, gamma + 2)
+        else:
+            self.gamma = max(1, gamma - 1)
+
+
+@dataclass
+class AnalyticGamma(GammaPolicy):
+    """Maximises E[tokens]/time with measured α, draft step cost and target cost curve."""
+
+    gamma: int = 5  # used until both costs have been measured
+    gamma_max: int = 16
+    alpha_prior: float = 0.7  # α before any evidence, as pseudo-counts below
+    decay: float = 0.95  # exponential forgetting of old evidence
+    _acc: float = field(default=3.5, repr=False)  # decayed accepted count (prior 0.7 × 5)
+    _tries: float = field(default=5.0, repr=False)  # decayed proposed-and-judged count
+    _draft_step: float | None = field(default=None, repr=False)
+    _target: dict[int, float] = field(default_factory=dict, repr=False)  # k -> seconds (EMA)
+
+    @property
+    def alpha(self) -> float:
+        return min(0.999, self._acc / self._tries) if self._tries else self.alpha_prior
+
+    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+        # per-token acceptance: `accepted` successes, plus one failure if the run stopped early
+        judged = accepted + (1 if accepted < gamma else 0)
+        self._acc = self.decay * self._acc + accepted
+        self._tries = self.decay * self._tries + judged
+        if gamma > 0 and draft_s > 0:
+            step = draft_s / gamma
+            self._draft_step = step if self._draft_step is None else 0.8 * self._draft_step + 0.2 * step
+        if target_s > 0:
+            k = gamma + 1
+            old = self._target.get(k)
+            self._target[k] = target_s if old is None else 0.8 * old + 0.2 * target_s
+
+    def target_cost(self, k: int) -> float:
+        """t_target(k): measured where known, else linear through the nearest measurements."""
+        pts = sorted(self._target.items())
+        if k in self._target:
+            return self._target[k]
+        below = [p for p in pts if p[0] < k]
+        above = [p for p in pts if p[0] > k]
+        if below and above:
+            (k0, t0), (k1, t1) = below[-1], above[0]
+            return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+        if len(below) >= 2:
+            (k0, t0), (k1, t1) = below[-2], below[-1]
+            return t1 + max(0.0, (t1 - t0) / (k1 - k0)) * (k - k1)
+        return (below or above)[-1 if below else 0][1]
+
+    def next(self) -> int:
+        if self._draft_step is None or not self._target:
+            return self.gamma
+        a = self.alpha
+        best, best_rate = 1, -1.0
+        for g in range(1, self.gamma_max + 1):
+            rate = expected_tokens(a, g) / (g * self._draft_step + self.target_cost(g + 1))
+            if rate > best_rate:
+                best, best_rate = g, rate
+        # explore one step beyond the measured curve, so an unmeasured k can prove itself cheap
+        measured_max = max(self._target) - 1
+        self.gamma = min(best, measured_max + 1)
+        return self.gamma
+
+
+def make_policy(name: str, gamma: int, gamma_max: int) -> GammaPolicy:
+    if name == "fixed":
+        return FixedGamma(gamma)
+    if name == "adaptive":
+        return AdaptiveGamma(gamma, gamma_max)
+    if name == "analytic":
+        return AnalyticGamma(gamma, gamma_max)
+    raise ValueError(f"unknown gamma policy {name!r}")

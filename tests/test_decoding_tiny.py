@@ -1,0 +1,206 @@
+"""The speculative loop on random tiny models: exactness, batching, rollback, sampling."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from toy import TOY_FRAMES, toy_pair
+
+from specasr import decoding, kernels
+from specasr.decoding import DecoderRunner, decode
+from specasr.filters import apply_filters, build_filters
+from specasr.options import DecodeOptions
+from specasr.testing import random_tiny_pair
+
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_tiny_pair(seed=0, draft_layers=1)
+
+
+def _mels(batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 80, 3000, generator=g)  # [B, 80, 3000]
+
+
+@pytest.fixture(scope="module")
+def ar_reference(tiny):
+    mel = _mels(3)
+    opts = DecodeOptions(mode="autoregressive", max_new_tokens=MAX_NEW)
+    return [r.tokens for r in decode(tiny, mel, opts)]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "policy,gamma", [("fixed", 1), ("fixed", 3), ("fixed", 5), ("fixed", 8), ("adaptive", 5), ("analytic", 5)]
+)
+def test_greedy_speculative_equals_autoregressive(tiny, ar_reference, batch, policy, gamma):
+    opts = DecodeOptions(mode="baseline", gamma=gamma, gamma_policy=policy, max_new_tokens=MAX_NEW)
+    results = decode(tiny, _mels(3)[:batch], opts)
+    assert [r.tokens for r in results] == ar_reference[:batch]
+    stats = results[0].stats
+    assert stats.proposed > 0
+    assert stats.acceptance_rate < 0.9  # random drafts: the rejection path is exercised
+
+
+def test_batch_rows_match_single_rows(tiny):
+    opts = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    mel = _mels(3, seed=5)
+    batched = [r.tokens for r in decode(tiny, mel, opts)]
+    single = [decode(tiny, mel[i : i + 1], opts)[0].tokens for i in range(3)]
+    assert batched == single
+
+
+def test_gamma_never_overruns_the_token_limit(tiny):
+    opts = DecodeOptions(mode="baseline", gamma=8, gamma_policy="fixed", max_new_tokens=11)
+    ref = decode(tiny, _mels(1), replace(opts, mode="autoregressive"))[0]
+    spec = decode(tiny, _mels(1), opts)[0]
+    assert spec.tokens == ref.tokens
+    assert len(spec.tokens) <= 11
+
+
+def _cache_tensors(runner: DecoderRunner) -> list[torch.Tensor]:
+    layers = runner.cache.self_attention_cache.layers
+    return [t for layer in layers for t in (layer.keys, layer.values)]
+
+
+def test_rollback_equals_cache_from_scratch(tiny, monkeypatch):
+    """After every verify pass, both KV caches equal caches computed afresh on the prefix."""
+    checked = {"rejections": 0}
+    original = decoding._Loop._speculative_step
+
+    def checked_step(self, active, target, draft, gamma):
+        out = original(self, active, target, draft, gamma)
+        checked["rejections"] += out[0] < gamma
+        for runner in (target, draft):
+            fresh = DecoderRunner(runner.model, runner.states)
+            fresh(self._tensor(active, 0, runner.length), 1)
+            for a, b in zip(_cache_tensors(runner), _cache_tensors(fresh)):
+                assert a.shape == b.shape
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        return out
+
+    monkeypatch.setattr(decoding._Loop, "_speculative_step", checked_step)
+    opts = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=30)
+    decode(tiny, _mels(2), opts)
+    assert checked["rejections"] >= 3
+
+
+# ---- sampling: the output distribution is the target's --------------------------------------
+N_SAMPLES = 20_000
+N_TOKENS = 3
+
+
+@torch.inference_mode()
+def _exact_distribution(pair, states, opts) -> dict[tuple[int, ...], float]:
+    """P(first N_TOKENS tokens) under target-only sampling, by enumeration (eot ends early)."""
+    tok = pair.tokenizer
+    init = tok.sot_sequence("en", "transcribe", False)
+    filters = build_filters(
+        tok,
+        vocab_size=pair.vocab_size,
+        sample_begin=len(init),
+        suppress_tokens=(),
+        begin_suppress_tokens=pair.begin_suppress_tokens,
+        suppress_blank=True,
+        timestamps=False,
+    )
+    dist = {(): 1.0}
+    for _ in range(N_TOKENS):
+        grow = [s for s in dist if not s or s[-1] != tok.eot]
+        if not grow:
+            break
+        ctx = [init + list(s) for s in grow]
+        runner = DecoderRunner(pair.target, states.expand(len(ctx), -1, -1))
+        logits = runner(torch.tensor(ctx), 1)[:, -1].contiguous()
+        apply_filters(filters, logits, ctx)
+        probs = torch.softmax(logits / opts.temperature, dim=-1)
+        nxt = {}
+        for s, row in zip(grow, probs.tolist()):
+            for t, p in enumerate(row):
+                if p > 0:
+                    nxt[s + (t,)] = dist[s] * p
+        dist = {**{s: p for s, p in dist.items() if s and s[-1] == tok.eot}, **nxt}
+    return dist
+
+
+def _tv(counts: dict, total: int, exact: dict) -> float:
+    keys = set(counts) | set(exact)
+    return 0.5 * sum(abs(counts.get(k, 0) / total - exact.get(k, 0.0)) for k in keys)
+
+
+def _sample_outcomes(pair, mel, opts) -> dict:
+    counts: dict = {}
+    per_batch = 5_000
+    for i in range(N_SAMPLES // per_batch):
+        batch = mel.expand(per_batch, -1, -1)
+        for r in decode(pair, batch, replace(opts, seed=opts.seed + i)):
+            key = tuple(r.tokens[:N_TOKENS]) + ((pair.tokenizer.eot,) if len(r.tokens) < N_TOKENS else ())
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sampling_setup():
+    pair = toy_pair(seed=3)
+    mel = torch.randn(1, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(11))
+    opts = DecodeOptions(
+        mode="baseline", temperature=1.0, gamma=2, gamma_policy="fixed", max_new_tokens=N_TOKENS, seed=123
+    )
+    states, _ = pair.encode(mel)
+    exact = _exact_distribution(pair, states, opts)
+    # the TV distance an honest sampler shows at this sample size: simulated multinomial draws
+    keys = list(exact)
+    probs = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    null = []
+    for _ in range(50):
+        draws = torch.multinomial(probs, N_SAMPLES, replacement=True, generator=g).bincount(
+            minlength=len(keys)
+        )
+        null.append(_tv({k: int(c) for k, c in zip(keys, draws)}, N_SAMPLES, exact))
+    null_t = torch.tensor(null)
+    bound = float(null_t.mean() + 6 * null_t.std())
+    return pair, mel, opts, exact, bound
+
+
+def test_sampling_matches_target_distribution(sampling_setup):
+    pair, mel, opts, exact, bound = sampling_setup
+    counts = _sample_outcomes(pair, mel, opts)
+    tv = _tv(counts, N_SAMPLES, exact)
+    print(f"TV(speculative, target) = {tv:.4f}; bound = {bound:.4f}; outcomes = {len(exact)}")
+    assert tv <= bound
+
+
+def test_sampling_check_rejects_an_always_accepting_verifier(sampling_setup, monkeypatch):
+    pair, mel, opts, exact, bound = sampling_setup
+
+    def always_accept(target_logits, draft_logits, draft_tokens, uniforms, noise, **kw):
+        gamma = draft_tokens.shape[1]
+        p = torch.softmax(target_logits[:, gamma].float() / kw["temperature"], dim=-1)
+        n = torch.full((draft_tokens.shape[0],), gamma, dtype=torch.long)
+        return n, (p / noise).argmax(dim=-1)
+
+    monkeypatch.setattr(kernels, "verify", always_accept)
+    counts = _sample_outcomes(pair, mel, opts)
+    tv = _tv(counts, N_SAMPLES, exact)
+    print(f"TV(always-accept, target) = {tv:.4f}; bound = {bound:.4f}")
+    assert tv > bound
+
+
+def test_autoregressive_sampling_matches_target_distribution(sampling_setup):
+    pair, mel, opts, exact, bound = sampling_setup
+    counts = _sample_outcomes(pair, mel, replace(opts, mode="autoregressive"))
+    assert _tv(counts, N_SAMPLES, exact) <= bound
+
+
+def test_sampling_is_seeded(tiny):
+    opts = DecodeOptions(mode="baseline", temperature=1.0, gamma=3, max_new_tokens=20, seed=7)
+    a, b = (decode(tiny, _mels(2), opts) for _ in range(2))
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    c = decode(tiny, _mels(2), replace(opts, seed=8))
+    assert [r.tokens for r in a] != [r.tokens for r in c]

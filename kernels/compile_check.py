@@ -21,13 +21,13 @@ DTYPES = ("fp16", "bf16", "fp32")
 V = 51865  # Whisper's multilingual vocabulary
 
 
-def _variants():
-    """(label, kernel, signature, constexprs) for every kernel specialisation the wrapper launches."""
+def _variants(dtypes=DTYPES, gammas=(5, 20)):
+    """(label, kernel, signature, constexprs) for the kernel specialisations the wrapper launches."""
     n_lse, n_res = -(-V // exact.BLOCK_LSE), -(-V // exact.BLOCK_RES)
     i32 = "i32"
-    for dt in DTYPES:
+    for dt in dtypes:
         logits = f"*{dt}"
-        for gamma in (5, 20):
+        for gamma in gammas:
             rows = next_pow2(gamma + 1)
             yield (
                 f"greedy {dt} γ≤{rows - 1}",
@@ -49,7 +49,8 @@ def _variants():
                      "V": i32, "G": i32, "N_LSE": i32, "N_TILES": i32,
                      **{s: i32 for s in ("stride_tb", "stride_tr", "stride_db", "stride_dr", "stride_kb",
                                          "stride_ub", "stride_nb", "stride_nr")},
-                     **{c: "constexpr" for c in ("BLOCK_V", "ROWS", "LSE_TILES", "TILES", "N_RACE", "SIGMOID")}},
+                     **{c: "constexpr" for c in ("BLOCK_V", "ROWS", "LSE_TILES", "TILES", "N_RACE",
+                                                 "SIGMOID")}},
                     {"BLOCK_V": exact.BLOCK_RES, "ROWS": rows, "LSE_TILES": next_pow2(n_lse),
                      "TILES": next_pow2(n_res), "N_RACE": exact.N_RACE, "SIGMOID": sigmoid},
                 )  # fmt: skip
@@ -63,15 +64,24 @@ def _variants():
         )  # fmt: skip
 
 
-def _ptxas_resources(ptx: str) -> dict[str, int]:
+def _ptxas(cc: int) -> str:
+    """The ptxas Triton itself uses for this arch (newer Tritons ship a second one for sm_90+)."""
+    from triton.backends.nvidia import compiler
+
+    if hasattr(compiler, "get_ptxas"):
+        return compiler.get_ptxas(cc).path
     from triton import knobs
 
+    return knobs.nvidia.ptxas.path
+
+
+def _ptxas_resources(ptx: str, cc: int) -> dict[str, int]:
     arch = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
         log = subprocess.run(
-            [knobs.nvidia.ptxas.path, "-v", f"--gpu-name={arch}", str(src), "-o", str(Path(tmp) / "k.cubin")],
+            [_ptxas(cc), "-v", f"--gpu-name={arch}", str(src), "-o", str(Path(tmp) / "k.cubin")],
             capture_output=True, text=True, check=True,
         ).stderr  # fmt: skip
     count = lambda pattern: int(re.search(pattern, log).group(1))  # noqa: E731
@@ -81,14 +91,17 @@ def _ptxas_resources(ptx: str) -> dict[str, int]:
     }
 
 
-def compile_all(archs=ARCHS) -> list[dict]:
-    """Compile each variant for each arch; one row per (variant, arch). Raises on a compile error."""
+def compile_all(archs=ARCHS, dtypes=DTYPES, gammas=(5, 20), load: bool = False) -> list[dict]:
+    """Compile each variant for each arch; one row per (variant, arch). Raises on a compile error.
+
+    load: also load each kernel onto the current GPU and record Triton's own n_regs / n_spills.
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     rows = []
-    for label, fn, signature, constexprs in _variants():
+    for label, fn, signature, constexprs in _variants(dtypes, gammas):
         for cc in archs:
             compiled = triton.compile(
                 ASTSource(fn, signature, constexprs=constexprs),
@@ -97,8 +110,11 @@ def compile_all(archs=ARCHS) -> list[dict]:
             )
             rows.append({
                 "kernel": label, "arch": f"sm_{cc}", "num_warps": compiled.metadata.num_warps,
-                "shared": compiled.metadata.shared, **_ptxas_resources(compiled.asm["ptx"]),
+                "shared": compiled.metadata.shared, **_ptxas_resources(compiled.asm["ptx"], cc),
             })  # fmt: skip
+            if load:
+                compiled._init_handles()
+                rows[-1]["loaded"] = f"n_regs={compiled.n_regs} n_spills={compiled.n_spills}"
     return rows
 
 
@@ -106,11 +122,21 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| kernel | arch | warps | registers/thread | shared memory (B) | spills (B) |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     lines += [
-        f"| {r['kernel']} | {r['arch']} | {r['num_warps']} | {r['regs']} | {r['shared']} | {r['spill_bytes']} |"
+        f"| {r['kernel']} | {r['arch']} | {r['num_warps']} | {r['regs']} | {r['shared']} "
+        f"| {r['spill_bytes']} |"
         for r in rows
     ]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(markdown(compile_all()))
+    import sys
+
+    if "--load" in sys.argv:  # on a GPU: cross-check with the loaded kernels' metadata
+        import torch
+
+        cc = torch.cuda.get_device_capability()
+        for row in compile_all(archs=(cc[0] * 10 + cc[1],), load=True):
+            print(row)
+    else:
+        print(markdown(compile_all()))

@@ -80,8 +80,8 @@ def exact_torch(
     u.exp_()  # u = exp(z − max z), rows 0..G target, G+1..2G draft
     inv_sum = u.sum(dim=-1).reciprocal_()  # [B, 2G+1] 1 / Σ_v u
     tok = draft_tokens.unsqueeze(-1)  # [B, G, 1]
-    p_tok = u[:, :G].gather(-1, tok).squeeze(-1) * inv_sum[:, :G]  # [B, G] p_i(d_i)
-    q_tok = u[:, G + 1 :].gather(-1, tok).squeeze(-1) * inv_sum[:, G + 1 :]  # [B, G] q_i(d_i)
+    at_tok = u.gather(-1, torch.cat([tok, tok[:, :1], tok], dim=1)).squeeze(-1) * inv_sum  # [B, 2G+1]
+    p_tok, q_tok = at_tok[:, :G], at_tok[:, G + 1 :]  # [B, G] p_i(d_i), q_i(d_i)
     n = accepted_count(uniforms <= p_tok / q_tok)  # [B]
     rows = torch.arange(B, device=u.device)
     p_n = u[rows, n] * inv_sum[rows, n, None]  # [B, V]
@@ -228,8 +228,12 @@ def _residual_kernel(
     i = tl.arange(0, ROWS)
     drafted = i < G
     tok = tl.load(tokens_ptr + b * stride_kb + i, mask=drafted, other=0)
-    t_tok = _scaled(tl.load(target_ptr + b * stride_tb + i * stride_tr + tok, mask=drafted, other=0.0), temperature)
-    s_tok = _scaled(tl.load(draft_ptr + b * stride_db + i * stride_dr + tok, mask=drafted, other=0.0), temperature)
+    t_tok = _scaled(
+        tl.load(target_ptr + b * stride_tb + i * stride_tr + tok, mask=drafted, other=0.0), temperature
+    )
+    s_tok = _scaled(
+        tl.load(draft_ptr + b * stride_db + i * stride_dr + tok, mask=drafted, other=0.0), temperature
+    )
     if SIGMOID:
         p_tok = _sigmoid_prob(t_tok, alpha, beta)
         q_tok = _sigmoid_prob(s_tok, alpha, beta)
@@ -305,7 +309,9 @@ def launch(
     if not HAS_TRITON:
         raise RuntimeError("backend='triton' needs the triton package")
     if target_logits.device.type != "cuda" and not INTERPRETED:
-        raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+        raise ValueError(
+            "backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported"
+        )
     B, G = draft_tokens.shape
     V = target_logits.shape[-1]
     device = target_logits.device

@@ -116,6 +116,43 @@ def transcribe(
 
 
 @main.command()
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=str))
+@click.option("--model", default="base", show_default=True)
+@click.option("--draft", default="default", show_default=True)
+@click.option("--mode", type=click.Choice(MODES[1:]), default=_DEFAULTS.mode, show_default=True)
+@click.option("--gamma", type=int, default=_DEFAULTS.gamma, show_default=True)
+@click.option(
+    "--gamma-policy", type=click.Choice(GAMMA_POLICIES), default=_DEFAULTS.gamma_policy, show_default=True
+)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--device", default=None)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
+def bench(files, model, draft, mode, gamma, gamma_policy, temperature, repeats, device, dtype):
+    """Speculative vs autoregressive decoding on FILES (default: the bundled example), interleaved."""
+    from importlib.resources import files as resources
+
+    from specasr.bench import run_bench
+
+    options = replace(
+        _DEFAULTS,
+        mode=mode,
+        gamma=gamma,
+        gamma_policy=gamma_policy,
+        temperature=temperature,
+        gamma_max=max(_DEFAULTS.gamma_max, gamma),
+    )
+    pair = _load(model, draft, mode, device, dtype)
+    paths = list(files) or [str(resources("specasr") / "assets" / "example.wav")]
+    report = run_bench(pair, paths, options, repeats=repeats)
+    click.echo(
+        f"model {model}, draft {pair.draft_name}, mode {mode}, γ {gamma} ({gamma_policy}), "
+        f"T {temperature}, device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}"
+    )
+    click.echo(report.table())
+
+
+@main.command()
 def models() -> None:
     """List the model presets and whether each is available locally."""
     from specasr.models import list_presets

@@ -65,7 +65,7 @@ class AdaptiveGamma(GammaPolicy):
 class AnalyticGamma(GammaPolicy):
     """Maximises E[tokens]/time with measured α, draft step cost and target cost curve."""
 
-    gamma: int = 5  # used until both costs have been measured
+    gamma: int = 5  # the last choice (the first passes probe γ = 1, 2, 4, 8 to measure costs)
     gamma_max: int = 16
     alpha_prior: float = 0.7  # α before any evidence, as pseudo-counts below
     decay: float = 0.95  # exponential forgetting of old evidence
@@ -107,8 +107,11 @@ class AnalyticGamma(GammaPolicy):
         return (below or above)[-1 if below else 0][1]
 
     def next(self) -> int:
-        if self._draft_step is None or not self._target:
-            return self.gamma
+        # measure the cost curve at a few spread-out γ first, then interpolate between them
+        for g in (1, 2, 4, 8):
+            if g <= self.gamma_max and g + 1 not in self._target:
+                self.gamma = g
+                return g
         a = self.alpha
         best, best_rate = 1, -1.0
         for g in range(1, self.gamma_max + 1):

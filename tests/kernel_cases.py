@@ -9,7 +9,6 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-
 from specasr.kernels import make_randomness
 
 NEG = float("-inf")

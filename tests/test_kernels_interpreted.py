@@ -77,7 +77,6 @@ def test_production_tiles(T, monkeypatch):
 def test_noise_per_position_and_strided_logits(mode):
     """[B, G+1, V] noise selects row n; logits sliced from a wider buffer need no copy."""
     from kernel_cases import random_batch
-
     from specasr.kernels import verify
 
     B, G, V = 2, 4, 1000
@@ -85,5 +84,7 @@ def test_noise_per_position_and_strided_logits(mode):
     wide = torch.cat([target, torch.zeros(B, G + 1, 24)], -1)[..., :V]  # row stride V + 24
     noise3 = torch.rand(B, G + 1, V) + 0.5
     n, nxt = verify(wide, draft, tokens, uniforms, noise3, temperature=1.0, mode=mode, backend="triton")
-    n_ref, nxt_ref = verify(target, draft, tokens, uniforms, noise3, temperature=1.0, mode=mode, backend="torch")
+    n_ref, nxt_ref = verify(
+        target, draft, tokens, uniforms, noise3, temperature=1.0, mode=mode, backend="torch"
+    )
     assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref)

@@ -12,7 +12,6 @@ import math
 import pytest
 import torch
 from kernel_cases import DTYPES, crafted_cases, emitted_tv, random_batch
-
 from specasr.kernels import MODES, exact, make_randomness, verify
 from specasr.kernels.exact import exact_torch
 from specasr.kernels.reference import baseline, sample_residual
@@ -146,7 +145,9 @@ def test_noise_per_position_uses_the_sampled_row(mode):
 
 def test_verify_dispatches_and_validates():
     inputs = random_batch(2, 3, 500, torch.float32, 1.0, seed=0)
-    assert torch.equal(verify(*inputs, temperature=1.0, mode="exact")[1], exact_torch(*inputs, temperature=1.0)[1])
+    assert torch.equal(
+        verify(*inputs, temperature=1.0, mode="exact")[1], exact_torch(*inputs, temperature=1.0)[1]
+    )
     for T in (0.0, 1.0):  # at T = 0 every mode is argmax matching
         results = [verify(*inputs, temperature=T, mode=m, backend="torch") for m in MODES]
         assert (T > 0) or all(torch.equal(r[1], results[0][1]) for r in results)

@@ -15,28 +15,36 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import DTYPES, check_crafted_triton, check_triton_matches_reference, crafted_cases, emitted_tv
-
+from kernel_cases import (
+    DTYPES,
+    check_crafted_triton,
+    check_triton_matches_reference,
+    crafted_cases,
+    emitted_tv,
+)
 from specasr.kernels import MODES, verify
 from specasr.kernels._common import HAS_TRITON
 
 HERE = Path(__file__).parent
+CHILD = HERE / "test_kernels_interpreted.py"
 CUDA = torch.cuda.is_available() and HAS_TRITON
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="already interpreted: cases run in-process")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="cases run in-process")
 def test_triton_kernels_under_interpreter():
     """Runs tests/test_kernels_interpreted.py with TRITON_INTERPRET=1, one shard per core (<= 2)."""
     shards = max(1, min(2, os.cpu_count() or 1))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-             str(HERE / "test_kernels_interpreted.py")],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CHILD)],
             env={**os.environ, "TRITON_INTERPRET": "1", "SPECASR_TEST_SHARD": f"{i}/{shards}"},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parent,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=HERE.parent,
+        )
         for i in range(shards)
     ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]

@@ -1,0 +1,51 @@
+"""The `specasr` command line, through click's runner on real files."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from specasr.cli import main
+from specasr.evaluate import wer
+
+
+def test_transcribe_prints_one_transcript_per_file(librivox):
+    paths = [str(c.path) for c in librivox[:2]]
+    result = CliRunner().invoke(
+        main, ["transcribe", *paths, "--model", "tiny.en", "--draft", "self:2", "--mode", "exact", "--stats"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 2
+    for line, clip in zip(lines, librivox[:2]):
+        path, text = line.split(": ", 1)
+        assert path == str(clip.path)
+        assert wer([clip.text], [text]) <= 0.3
+    assert "α̂=" in result.stderr and "target calls" in result.stderr
+
+
+def test_bad_file_is_reported_and_the_batch_goes_on(librivox, tmp_path):
+    bad = tmp_path / "corrupt.wav"
+    bad.write_bytes(b"RIFF\x00\x00garbage")
+    good = str(librivox[1].path)
+    result = CliRunner().invoke(
+        main, ["transcribe", str(bad), good, "--model", "tiny.en", "--mode", "autoregressive"]
+    )
+    assert result.exit_code == 1
+    assert "corrupt.wav" in result.stderr
+    assert "young man" in result.stdout.lower()  # the good file after the bad one was transcribed
+    assert "1 of 2 file(s) failed" in result.stderr
+
+
+def test_usage_errors_exit_2():
+    result = CliRunner().invoke(main, ["transcribe", "x.wav", "--mode", "nonsense"])
+    assert result.exit_code == 2
+    result = CliRunner().invoke(main, ["transcribe", "x.wav", "--gamma", "0"])
+    assert result.exit_code == 2 and "gamma" in result.output
+
+
+def test_models_lists_presets():
+    result = CliRunner().invoke(main, ["models"])
+    assert result.exit_code == 0
+    rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:]}
+    assert rows["base"] == "yes" and rows["tiny.en"] == "yes"
+    assert {"small.en", "medium.en", "large-v2", "large-v3"} <= set(rows)

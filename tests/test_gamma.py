@@ -1,0 +1,88 @@
+"""γ policies: the adaptive heuristic's trajectory and the analytic policy's choices."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specasr.gamma import AdaptiveGamma, AnalyticGamma, FixedGamma, expected_tokens, theoretical_speedup
+
+
+def test_adaptive_heuristic_trajectory():
+    p = AdaptiveGamma(gamma=5, gamma_max=9)
+    seen = []
+    for accepted_all in (True, True, True, False, False, False, False, False, False):
+        g = p.next()
+        seen.append(g)
+        p.update(g, g if accepted_all else 0)
+    assert seen == [5, 7, 9, 9, 8, 7, 6, 5, 4]
+    for _ in range(10):
+        p.update(p.next(), 0)
+    assert p.next() == 1  # floor
+
+
+def test_fixed_policy_ignores_feedback():
+    p = FixedGamma(4)
+    p.update(4, 0)
+    assert p.next() == 4
+
+
+def test_expected_tokens_and_speedup_formula():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert theoretical_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert theoretical_speedup(0.8, 4, 0.5) == pytest.approx((1 - 0.8**5) / 0.2 / 3.0)
+
+
+def _feed(policy: AnalyticGamma, alpha: float, draft_step: float, target_cost, rounds: int = 300) -> int:
+    """Simulated feedback: each draft token accepted with prob. α until the first rejection;
+    returns the most common choice over the last 100 rounds."""
+    rng = random.Random(0)
+    late = []
+    for i in range(rounds):
+        g = policy.next()
+        accepted = 0
+        while accepted < g and rng.random() < alpha:
+            accepted += 1
+        policy.update(g, accepted, draft_s=g * draft_step, target_s=target_cost(g + 1))
+        if i >= rounds - 100:
+            late.append(g)
+    return max(set(late), key=late.count)
+
+
+def test_analytic_prefers_long_proposals_when_drafts_are_cheap_and_good():
+    g = _feed(
+        AnalyticGamma(gamma=3, gamma_max=12), alpha=0.95, draft_step=0.001, target_cost=lambda k: 0.0125
+    )
+    assert g >= 8
+
+
+def test_analytic_prefers_short_proposals_when_drafts_are_poor():
+    g = _feed(AnalyticGamma(gamma=5, gamma_max=12), alpha=0.3, draft_step=0.006, target_cost=lambda k: 0.0125)
+    assert g <= 2
+
+
+def test_analytic_accounts_for_a_target_cost_that_grows_with_k():
+    # CPU-like curve (base: 12.5 ms for 1 token, 14.4 for 3, 20.2 for 4, then steeper)
+    def cpu_curve(k: int) -> float:
+        return {1: 0.0125, 2: 0.013, 3: 0.0144, 4: 0.0202}.get(k, 0.0202 + 0.006 * (k - 4))
+
+    flat = _feed(
+        AnalyticGamma(gamma=5, gamma_max=12), alpha=0.85, draft_step=0.0025, target_cost=lambda k: 0.0125
+    )
+    growing = _feed(
+        AnalyticGamma(gamma=5, gamma_max=12), alpha=0.85, draft_step=0.0025, target_cost=cpu_curve
+    )
+    assert growing < flat
+    assert growing <= 3
+
+
+def test_analytic_interpolates_unmeasured_costs():
+    p = AnalyticGamma()
+    p.update(1, 1, draft_s=0.001, target_s=0.010)  # k = 2
+    p.update(3, 3, draft_s=0.003, target_s=0.020)  # k = 4
+    assert p.target_cost(3) == pytest.approx(0.015)
+    assert p.target_cost(6) == pytest.approx(0.030)  # linear extrapolation
+    assert p.target_cost(1) == pytest.approx(0.010)  # constant below the smallest measurement

@@ -55,7 +55,11 @@ def _hf_routine():
     return _speculative_sampling
 
 
-def _time_us(fn, device: str, budget_s: float = 0.5) -> float:
+def _time_us(fn, device: str, budget_s: float = 0.5, graph: bool = False) -> float:
+    if device == "cuda" and graph:  # replayed as a CUDA graph: GPU time without launch overhead
+        from triton.testing import do_bench_cudagraph
+
+        return 1e3 * do_bench_cudagraph(fn, rep=100, return_mode="median")
     if device == "cuda":
         from triton.testing import do_bench
 
@@ -73,8 +77,8 @@ def _time_us(fn, device: str, budget_s: float = 0.5) -> float:
     return 1e6 * statistics.median(times)
 
 
-def bench(device: str, Bs, gammas, V: int, dtypes, T: float) -> list[dict]:
-    hf = _hf_routine()
+def bench(device: str, Bs, gammas, V: int, dtypes, T: float, graph: bool = False) -> list[dict]:
+    hf = None if graph else _hf_routine()  # HF synchronises with the host: no graph capture
     rows = []
     for dtype in dtypes:
         for B in Bs:
@@ -84,7 +88,7 @@ def bench(device: str, Bs, gammas, V: int, dtypes, T: float) -> list[dict]:
                 row = {"dtype": dtype, "B": B, "gamma": G}
                 for mode in ("baseline", "exact", "sigmoid"):
                     call = lambda a=args, m=mode: verify(*a, temperature=T, mode=m)  # noqa: E731
-                    row[mode] = _time_us(call, device)
+                    row[mode] = _time_us(call, device, graph=graph)
                 if hf is not None and B == 1:
                     ids = torch.cat([torch.zeros(1, 4, dtype=torch.long, device=device), tokens], 1)
                     call = lambda i=ids, d=draft, t=target, g=G: hf(i, d / T, g, t / T)  # noqa: E731
@@ -147,6 +151,7 @@ def main() -> None:
     parser.add_argument("--V", type=int, default=51865)
     parser.add_argument("--dtype", nargs="+", default=["fp16", "fp32"], choices=DTYPES)
     parser.add_argument("--T", type=float, default=1.0, help="temperature (> 0: the sampling path)")
+    parser.add_argument("--cudagraph", action="store_true", help="time CUDA-graph replays")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--sigmoid-study", action="store_true")
     parser.add_argument("--logits", help="torch file with paired 'target'/'draft' [N, V] logits")
@@ -159,8 +164,12 @@ def main() -> None:
     name = (
         torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     )
-    print(f"device: {name}, V = {args.V}, T = {args.T}, torch {torch.__version__}\n{HEADER}", flush=True)
-    bench(args.device, args.B, args.gamma, args.V, args.dtype, args.T)
+    timing = "CUDA-graph replay" if args.cudagraph else "eager calls"
+    print(
+        f"device: {name}, {timing}, V = {args.V}, T = {args.T}, torch {torch.__version__}\n{HEADER}",
+        flush=True,
+    )
+    bench(args.device, args.B, args.gamma, args.V, args.dtype, args.T, graph=args.cudagraph)
 
 
 if __name__ == "__main__":

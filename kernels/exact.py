@@ -62,7 +62,7 @@ def exact_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused torch path: p and q over V exist only for row n; one pass of exp over the rest.
 
-    All 2G+1 rows live in one fp32 buffer that is turned in place into u = exp(z − max):
+    All 2G+1 rows live in one fp32 buffer that is turned in place into u = exp(z − max z):
     the ratio test needs u at the drafted tokens and the row sums, and row n's p and q are
     u / sum. Target and draft rows share one reduction, so p == q stays bitwise exact when
     their logits are equal. Every row must have a finite logit (a sampled row always does).

@@ -7,7 +7,8 @@
       E[tokens | γ] = (1 − α^(γ+1)) / (1 − α)
       time(γ)       = γ · t_draft + t_target(γ + 1)
 
-  with α, t_draft and the target's cost curve t_target(k) measured online. With a
+  with α, t_draft and the target's cost curve t_target(k) measured online (an untried k is
+  assumed as cheap as the measurements allow, so it gets tried only if it could win). With a
   constant target cost this is the classic (1 − α^(γ+1)) / ((1 − α)(γc + 1)), c = t_draft /
   t_target; on a CPU the target pass grows with k, which this policy accounts for.
 """
@@ -65,7 +66,7 @@ class AdaptiveGamma(GammaPolicy):
 class AnalyticGamma(GammaPolicy):
     """Maximises E[tokens]/time with measured α, draft step cost and target cost curve."""
 
-    gamma: int = 5  # the last choice (the first passes probe γ = 1, 2, 4, 8 to measure costs)
+    gamma: int = 5  # the first pass's γ; afterwards the last choice
     gamma_max: int = 16
     alpha_prior: float = 0.7  # α before any evidence, as pseudo-counts below
     decay: float = 0.95  # exponential forgetting of old evidence
@@ -92,35 +93,23 @@ class AnalyticGamma(GammaPolicy):
             self._target[k] = target_s if old is None else 0.8 * old + 0.2 * target_s
 
     def target_cost(self, k: int) -> float:
-        """t_target(k): measured where known, else linear through the nearest measurements."""
-        pts = sorted(self._target.items())
+        """An optimistic t_target(k): measured where known; else the dearest measurement at
+        fewer tokens (the cost never falls as k grows), or 0 when none is below (so the
+        smallest γ gets tried once). Optimism makes an untried γ worth trying only if it
+        could beat the measured ones."""
         if k in self._target:
             return self._target[k]
-        below = [p for p in pts if p[0] < k]
-        above = [p for p in pts if p[0] > k]
-        if below and above:
-            (k0, t0), (k1, t1) = below[-1], above[0]
-            return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
-        if len(below) >= 2:
-            (k0, t0), (k1, t1) = below[-2], below[-1]
-            return t1 + max(0.0, (t1 - t0) / (k1 - k0)) * (k - k1)
-        return (below or above)[-1 if below else 0][1]
+        return max((t for j, t in self._target.items() if j < k), default=0.0)
 
     def next(self) -> int:
-        # measure the cost curve at a few spread-out γ first, then interpolate between them
-        for g in (1, 2, 4, 8):
-            if g <= self.gamma_max and g + 1 not in self._target:
-                self.gamma = g
-                return g
+        if self._draft_step is None or not self._target:
+            return self.gamma
         a = self.alpha
-        best, best_rate = 1, -1.0
-        for g in range(1, self.gamma_max + 1):
-            rate = expected_tokens(a, g) / (g * self._draft_step + self.target_cost(g + 1))
-            if rate > best_rate:
-                best, best_rate = g, rate
-        # explore one step beyond the measured curve, so an unmeasured k can prove itself cheap
-        measured_max = max(self._target) - 1
-        self.gamma = min(best, measured_max + 1)
+        rates = {
+            g: expected_tokens(a, g) / (g * self._draft_step + self.target_cost(g + 1))
+            for g in range(1, self.gamma_max + 1)
+        }
+        self.gamma = max(rates, key=rates.get)
         return self.gamma
 
 

@@ -79,10 +79,21 @@ def test_analytic_accounts_for_a_target_cost_that_grows_with_k():
     assert growing <= 3
 
 
-def test_analytic_interpolates_unmeasured_costs():
+def test_analytic_cost_estimates_are_optimistic_for_untried_k():
     p = AnalyticGamma()
     p.update(1, 1, draft_s=0.001, target_s=0.010)  # k = 2
     p.update(3, 3, draft_s=0.003, target_s=0.020)  # k = 4
-    assert p.target_cost(3) == pytest.approx(0.015)
-    assert p.target_cost(6) == pytest.approx(0.030)  # linear extrapolation
-    assert p.target_cost(1) == pytest.approx(0.010)  # constant below the smallest measurement
+    assert p.target_cost(4) == pytest.approx(0.020)  # measured
+    assert p.target_cost(3) == pytest.approx(0.010)  # at least the cost at k = 2
+    assert p.target_cost(9) == pytest.approx(0.020)  # at least the cost at k = 4
+    assert p.target_cost(1) == 0.0  # below every measurement: untried, so free
+
+
+def test_analytic_does_not_probe_long_proposals_for_a_useless_draft():
+    p = AnalyticGamma(gamma=5, gamma_max=16)
+    seen = []
+    for _ in range(30):
+        g = p.next()
+        seen.append(g)
+        p.update(g, 0, draft_s=g * 0.006, target_s=0.0125 + 0.001 * g)
+    assert max(seen[1:]) <= 2 and seen[-1] == 1

@@ -119,37 +119,69 @@ def transcribe(
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=str))
 @click.option("--model", default="base", show_default=True)
 @click.option("--draft", default="default", show_default=True)
-@click.option("--mode", type=click.Choice(MODES[1:]), default=_DEFAULTS.mode, show_default=True)
+@click.option(
+    "--mode",
+    "modes",
+    type=click.Choice(MODES[1:]),
+    multiple=True,
+    default=[_DEFAULTS.mode],
+    show_default=True,
+    help="Verifier mode; repeat to compare several against one autoregressive reference.",
+)
 @click.option("--gamma", type=int, default=_DEFAULTS.gamma, show_default=True)
 @click.option(
     "--gamma-policy", type=click.Choice(GAMMA_POLICIES), default=_DEFAULTS.gamma_policy, show_default=True
 )
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--mels",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A torch.save'd list of [1, n_mels, 3000] windows to use instead of FILES.",
+)
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
-def bench(files, model, draft, mode, gamma, gamma_policy, temperature, repeats, device, dtype):
+@click.option(
+    "--dump-logits",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Instead of timing, save paired target/draft logits along the greedy transcripts.",
+)
+def bench(
+    files, model, draft, modes, gamma, gamma_policy, temperature, repeats, mels, device, dtype, dump_logits
+):
     """Speculative vs autoregressive decoding on FILES (default: the bundled example), interleaved."""
     from importlib.resources import files as resources
 
-    from specasr.bench import run_bench
+    import torch
 
-    options = replace(
-        _DEFAULTS,
-        mode=mode,
-        gamma=gamma,
-        gamma_policy=gamma_policy,
-        temperature=temperature,
-        gamma_max=max(_DEFAULTS.gamma_max, gamma),
-    )
-    pair = _load(model, draft, mode, device, dtype)
-    paths = list(files) or [str(resources("specasr") / "assets" / "example.wav")]
-    report = run_bench(pair, paths, options, repeats=repeats)
-    click.echo(
-        f"model {model}, draft {pair.draft_name}, mode {mode}, γ {gamma} ({gamma_policy}), "
-        f"T {temperature}, device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}"
-    )
-    click.echo(report.table())
+    from specasr.bench import file_mels, logit_pairs, run_bench
+
+    pair = _load(model, draft, modes[0], device, dtype)
+    if mels:
+        windows = [m.to(pair.device) for m in torch.load(mels)]
+    else:
+        windows = file_mels(pair, list(files) or [str(resources("specasr") / "assets" / "example.wav")])
+    if dump_logits:
+        torch.save(logit_pairs(pair, windows, _DEFAULTS), dump_logits)
+        click.echo(f"saved paired logits to {dump_logits}")
+        return
+    for mode in modes:
+        options = replace(
+            _DEFAULTS,
+            mode=mode,
+            gamma=gamma,
+            gamma_policy=gamma_policy,
+            temperature=temperature,
+            gamma_max=max(_DEFAULTS.gamma_max, gamma),
+        )
+        report = run_bench(pair, windows, options, repeats=repeats)
+        click.echo(
+            f"\nmodel {model}, draft {pair.draft_name}, mode {mode}, γ {gamma} ({gamma_policy}), "
+            f"T {temperature}, device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}"
+        )
+        click.echo(report.table())
 
 
 @main.command()

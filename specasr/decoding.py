@@ -93,6 +93,7 @@ def _pick(logits: Tensor, temperature: float, gen: torch.Generator) -> Tensor:
     if temperature == 0:
         return logits.argmax(dim=-1)
     noise = torch.empty(logits.shape, device=logits.device, dtype=torch.float32).exponential_(generator=gen)
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)  # an Exp(1) draw of exactly 0 must not win
     return (logits.float() / temperature - noise.log()).argmax(dim=-1)
 
 
@@ -308,8 +309,7 @@ class _Loop:
         st.target_calls += 1
         draft_tokens = torch.tensor(props, dtype=torch.long, device=dev)  # [B, γ]
         if opts.temperature > 0:
-            uniforms = torch.rand((B, gamma), generator=self.gen, device=dev)
-            noise = torch.empty((B, logits.shape[-1]), device=dev).exponential_(generator=self.gen)
+            uniforms, noise = kernels.make_randomness(B, gamma, logits.shape[-1], self.gen, dev)
         else:
             uniforms = torch.zeros((B, gamma), device=dev)
             noise = torch.ones((B, logits.shape[-1]), device=dev)

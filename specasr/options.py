@@ -52,3 +52,38 @@ class DecodeOptions:
     @property
     def speculative(self) -> bool:
         return self.mode != "autoregressive"
+
+
+STRATEGIES = ("sequential", "chunked")
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    # per-window decoding; its temperature is replaced by each step of `temperatures`
+    decode: DecodeOptions = DecodeOptions(timestamps=True, max_new_tokens=224)
+    strategy: str = "sequential"  # sequential (Whisper's seek loop) | chunked (overlapping windows, batched)
+    temperatures: tuple[float, ...] = FALLBACK_TEMPERATURES  # fallback schedule, tried in order
+    compression_ratio_threshold: float | None = 2.4  # fall back when gzip ratio of the text is above
+    logprob_threshold: float | None = -1.0  # fall back when the average log-prob is below
+    no_speech_threshold: float | None = 0.6  # skip a window with P(nospeech) above and low log-prob
+    condition_on_previous_text: bool = True  # prompt each window with the text so far (sequential)
+    prompt_reset_temperature: float = 0.5  # a window decoded above this T does not prompt the next
+    initial_prompt: str | None = None  # text prompting the first window (every window when chunked)
+    batch_size: int = 8  # windows per batched decode (chunked)
+    chunk_overlap: float = 10.0  # seconds shared by consecutive windows (chunked)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        temps = self.temperatures
+        if not temps or any(t < 0 for t in temps) or list(temps) != sorted(temps):
+            raise ValueError(f"temperatures must be a non-empty ascending tuple of values >= 0, got {temps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 <= self.chunk_overlap <= 20:
+            raise ValueError(
+                f"chunk_overlap must be within [0, 20] s of a 30 s window, got {self.chunk_overlap}"
+            )
+        if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
+            raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")

@@ -112,9 +112,7 @@ def _random_xyz(tmp):
     return tmp / "noise.xyz", "decode"
 
 
-@pytest.mark.parametrize(
-    "make", [_missing, _directory, _empty, _zero_frames, _text_as_wav, _random_xyz]
-)
+@pytest.mark.parametrize("make", [_missing, _directory, _empty, _zero_frames, _text_as_wav, _random_xyz])
 def test_bad_files(tmp_path, make):
     path, reason = make(tmp_path)
     with pytest.raises(AudioError, match=reason) as info:
@@ -126,9 +124,7 @@ def test_bad_files(tmp_path, make):
 @pytest.mark.parametrize(
     "source, kwargs, name, reason",
     [
-        pytest.param(
-            np.random.default_rng(0).bytes(2048), {}, "<bytes>", "decode", id="bytes-garbage"
-        ),
+        pytest.param(np.random.default_rng(0).bytes(2048), {}, "<bytes>", "decode", id="bytes-garbage"),
         pytest.param(b"", {}, "<bytes>", "0 bytes", id="bytes-empty"),
         pytest.param(
             np.array([0.1, np.nan, 0.2], np.float32),

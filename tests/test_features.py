@@ -34,9 +34,7 @@ def test_matches_whisper_feature_extractor(waves, n_mels):
         padded = pad_or_trim(wave)[None].astype(np.float64)
         ref64 = extractor._np_extract_fbank_features(padded, "cpu")
         worst_f64 = max(worst_f64, float(np.abs(ours.numpy() - ref64).max()))
-    print(
-        f"n_mels={n_mels}: max |diff| vs extractor {worst:.3g}, vs its float64 path {worst_f64:.3g}"
-    )
+    print(f"n_mels={n_mels}: max |diff| vs extractor {worst:.3g}, vs its float64 path {worst_f64:.3g}")
     assert worst <= 1e-3, f"n_mels={n_mels}: max abs diff {worst:.3g} > 1e-3"
     assert worst_f64 <= 1e-3, f"n_mels={n_mels}: max abs diff vs float64 {worst_f64:.3g} > 1e-3"
 
@@ -82,9 +80,7 @@ def test_window_pads_and_trims(waves):
 
 def test_padding_appends_silence(waves):
     wave = waves[1]
-    torch.testing.assert_close(
-        log_mel(wave, padding=N_SAMPLES), log_mel(np.pad(wave, (0, N_SAMPLES)))
-    )
+    torch.testing.assert_close(log_mel(wave, padding=N_SAMPLES), log_mel(np.pad(wave, (0, N_SAMPLES))))
     assert log_mel(wave, padding=N_SAMPLES).shape[-1] == (len(wave) + N_SAMPLES) // HOP_LENGTH
 
 

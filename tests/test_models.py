@@ -119,10 +119,7 @@ def test_self_draft_with_all_layers_is_the_target():
     enc, _ = pair.encode(torch.randn(1, 80, 3000))
     ids = torch.tensor([pair.tokenizer.sot_sequence("en")])
     with torch.inference_mode():
-        logits = [
-            m(encoder_outputs=(enc,), decoder_input_ids=ids).logits
-            for m in (pair.target, full, short)
-        ]
+        logits = [m(encoder_outputs=(enc,), decoder_input_ids=ids).logits for m in (pair.target, full, short)]
     assert torch.equal(logits[0], logits[1])
     assert not torch.allclose(logits[0], logits[2])
     with pytest.raises(ValueError, match="self:3"):
@@ -264,9 +261,7 @@ def test_ct2_round_trip(tmp_path, int8):
     _write_ct2(ct2 / "model.bin", _ct2_variables(sd, model.config), int8)
     base = offline_files("base")
     shutil.copy(base.tokenizer, ct2 / "tokenizer.json")
-    (ct2 / "config.json").write_text(
-        json.dumps({"suppress_ids": [1, 2], "suppress_ids_begin": [220]})
-    )
+    (ct2 / "config.json").write_text(json.dumps({"suppress_ids": [1, 2], "suppress_ids_begin": [220]}))
     pair = load_pair(str(convert_ct2(ct2, tmp_path / "hf")), draft=None)
     assert pair.begin_suppress_tokens == (220,) and pair.suppress_tokens == (1, 2)
     got = pair.target.state_dict()

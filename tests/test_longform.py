@@ -1,0 +1,285 @@
+"""Long-form transcription on a 75 s recording built from the LibriVox clips.
+
+The fixture (`specasr.longform_bench.long_recording`) is the five clips twice over,
+separated by 2-3 s of silence, so every clip's start and end time is known. One decode per
+strategy and mode is shared by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import with_self_draft
+
+from specasr import longform
+from specasr.decoding import DecodeResult
+from specasr.evaluate import wer
+from specasr.longform import compression_ratio, is_silence, needs_fallback, split_window
+from specasr.longform_bench import LongRecording, long_recording
+from specasr.options import TranscribeOptions
+from specasr.stats import DecodeStats
+from specasr.transcribe import transcribe
+
+SR = 16000
+
+
+@pytest.fixture(scope="module")
+def long_audio(librivox) -> LongRecording:
+    rec = long_recording(librivox[0].path.parent)
+    assert len(rec.samples) / SR >= 60 and rec.texts == [c.text for c in librivox] * 2
+    return rec
+
+
+def _opts(mode: str = "autoregressive", **kw) -> TranscribeOptions:
+    base = TranscribeOptions(**kw)
+    return replace(base, decode=replace(base.decode, mode=mode))
+
+
+def _run(pair, audio: np.ndarray, options: TranscribeOptions):
+    segments, info = transcribe(audio, pair, options, source_rate=SR)
+    return list(segments), info
+
+
+@pytest.fixture(scope="module")
+def sequential_ar(tiny_en_pair, long_audio):
+    return _run(tiny_en_pair, long_audio.samples, _opts())
+
+
+@pytest.fixture(scope="module")
+def sequential_spec(tiny_en_pair, long_audio):
+    return _run(with_self_draft(tiny_en_pair, 2), long_audio.samples, _opts("exact"))
+
+
+@pytest.fixture(scope="module")
+def chunked_ar(tiny_en_pair, long_audio):
+    return _run(tiny_en_pair, long_audio.samples, _opts(strategy="chunked", batch_size=2))
+
+
+def _check_timeline(segments, duration: float) -> None:
+    assert segments
+    assert [s.id for s in segments] == list(range(len(segments)))
+    for prev, seg in zip(segments, segments[1:]):
+        assert prev.start <= seg.start and prev.end <= seg.start + 1e-6, (prev, seg)
+    assert all(0 <= s.start < s.end <= duration + 1e-6 for s in segments)
+
+
+def _covered(segments, t: float) -> bool:
+    return any(s.start <= t <= s.end for s in segments)
+
+
+def test_sequential_segments_are_monotonic_and_cover_the_speech(sequential_ar, long_audio):
+    segments, info = sequential_ar
+    _check_timeline(segments, info.duration)
+    for start, end in long_audio.clips:
+        assert all(_covered(segments, t) for t in np.arange(start + 0.5, end - 0.5, 0.25)), (start, end)
+
+
+def test_sequential_boundaries_match_the_clips(sequential_ar, long_audio):
+    segments, _ = sequential_ar
+    starts = [s.start for s in segments]
+    ends = [s.end for s in segments]
+    clips = long_audio.clips
+    for k, (start, end) in enumerate(clips):
+        assert min(abs(s - start) for s in starts) <= 1.0, (k, start, starts)
+        # Whisper's segment ends run on into the silence after speech, up to the next start
+        next_start = clips[k + 1][0] if k + 1 < len(clips) else long_audio.samples.size / SR
+        assert any(end - 1.0 <= e <= next_start + 1.0 for e in ends), (k, end, ends)
+    inside = [s for s in starts if any(a + 1.0 < s < b - 1.0 for a, b in clips)]
+    assert len(inside) <= 3, inside  # the rest begin within 1 s of a clip's start
+
+
+def test_sequential_wer(sequential_ar, long_audio):
+    segments, _ = sequential_ar
+    score = wer([" ".join(long_audio.texts)], [" ".join(s.text for s in segments)])
+    print(f"tiny.en sequential long-form WER: {score:.3%}")
+    assert score <= 0.15
+
+
+def test_speculative_long_form_is_identical_at_t0(sequential_ar, sequential_spec):
+    ar, _ = sequential_ar
+    spec, info = sequential_spec
+    assert [(s.start, s.end, s.tokens, s.text) for s in spec] == [
+        (s.start, s.end, s.tokens, s.text) for s in ar
+    ]
+    assert info.stats.proposed > 0 and info.stats.accepted > 0
+    assert all(s.stats.proposed > 0 and s.temperature == 0.0 for s in spec)
+    assert info.draft == "self:2"
+
+
+def test_chunked_wer_is_close_to_sequential(chunked_ar, sequential_ar, long_audio):
+    ref = [" ".join(long_audio.texts)]
+    seq = wer(ref, [" ".join(s.text for s in sequential_ar[0])])
+    chunks, info = chunked_ar
+    score = wer(ref, [" ".join(s.text for s in chunks)])
+    print(f"tiny.en long-form WER: sequential {seq:.3%}, chunked {score:.3%}")
+    assert score <= seq + 0.03
+    _check_timeline(chunks, info.duration)
+    assert info.windows == 4 and len({s.window for s in chunks}) >= 3
+
+
+def test_info_and_segment_fields(sequential_ar, long_audio, tiny_en_pair):
+    segments, info = sequential_ar
+    tb = tiny_en_pair.tokenizer.timestamp_begin
+    assert info.language == "en" and not info.language_detected
+    assert info.duration == pytest.approx(long_audio.samples.size / SR)
+    assert info.windows >= 3 and info.stats.encoder_s > 0 and info.stats.target_calls > 0
+    for s in segments:
+        assert s.text.strip() and -1.0 < s.avg_logprob < 0 and 0 <= s.no_speech_prob < 0.6
+        assert 0 < s.compression_ratio < 2.4
+        assert s.tokens[0] >= tb and s.tokens[-1] >= tb  # a segment is <|start|> text <|end|>
+        d = s.to_dict()
+        assert d["stats"]["proposed"] == 0 and d["text"] == s.text
+
+
+def test_transcribe_is_lazy(tiny_en_pair, long_audio, monkeypatch):
+    calls = []
+    real = longform.decode_states
+    monkeypatch.setattr(longform, "decode_states", lambda *a, **k: calls.append(1) or real(*a, **k))
+    segments, info = transcribe(long_audio.samples, tiny_en_pair, _opts(), source_rate=SR)
+    assert not calls and info.windows == 0
+    first = next(segments)
+    assert len(calls) == 1 and info.windows == 1 and first.id == 0
+
+
+# ---- prompts, fallback and silence, through a spy on decode_states -----------------------------
+@pytest.fixture
+def spy(monkeypatch):
+    """Records (options, prompt) of every decode_states call of the long-form loop."""
+    calls = []
+    real = longform.decode_states
+
+    def record(pair, target_states, draft_states, options, prompt=None, stats=None):
+        calls.append((options, prompt))
+        return real(pair, target_states, draft_states, options, prompt, stats)
+
+    monkeypatch.setattr(longform, "decode_states", record)
+    return calls
+
+
+def test_condition_on_previous_text_and_initial_prompt(tiny_en_pair, long_audio, spy):
+    audio = long_audio.samples[: 40 * SR]  # two windows
+    tok = tiny_en_pair.tokenizer
+    segments, _ = _run(tiny_en_pair, audio, _opts(initial_prompt="Sense and Sensibility."))
+    assert len(spy) == 2
+    first_prompt = tok.encode(" Sense and Sensibility.")
+    assert spy[0][1] == first_prompt
+    first_window = [t for s in segments if s.window == 0 for t in s.tokens]
+    assert spy[1][1] == first_prompt + first_window
+    spy.clear()
+    _run(tiny_en_pair, audio, _opts(condition_on_previous_text=False))
+    assert len(spy) >= 2 and all(prompt is None for _, prompt in spy)
+
+
+def test_fallback_reuses_the_encoder_and_resets_the_prompt(tiny_en_pair, long_audio, spy, monkeypatch):
+    encodes = []
+    real = tiny_en_pair.encode
+    monkeypatch.setattr(tiny_en_pair, "encode", lambda mel: encodes.append(mel.shape[0]) or real(mel))
+    audio = long_audio.samples[: 40 * SR]
+    # an unreachable log-prob bar: every window tries every temperature
+    opts = _opts(temperatures=(0.0, 0.6), logprob_threshold=0.0, no_speech_threshold=None)
+    segments, info = _run(tiny_en_pair, audio, opts)
+    assert [o.temperature for o, _ in spy] == [0.0, 0.6] * info.windows
+    assert len(encodes) == info.windows  # one encoder pass per window, whatever the fallbacks
+    assert segments and all(s.temperature == 0.6 for s in segments)
+    assert all(prompt is None for _, prompt in spy)  # decoded above 0.5: no window prompts the next
+
+
+def test_silence_is_skipped(tiny_en_pair):
+    rng = np.random.default_rng(0)
+    hiss = (1e-4 * rng.standard_normal(35 * SR)).astype(np.float32)
+    segments, info = _run(tiny_en_pair, hiss, _opts())
+    assert segments == [] and info.windows >= 1
+
+
+def test_language_detection_and_translate(base_pair, librivox, spy):
+    opts = _opts()
+    segments, info = transcribe(
+        librivox[0].path, base_pair, replace(opts, decode=replace(opts.decode, language=None))
+    )
+    assert info.language == "en" and info.language_detected
+    translate = replace(opts, decode=replace(opts.decode, language="en", task="translate"))
+    segments, info = transcribe(librivox[1].path, base_pair, translate)
+    text = " ".join(s.text for s in segments)
+    assert spy[-1][0].task == "translate" and wer([librivox[1].text], [text]) <= 0.3
+
+
+def test_translate_needs_a_multilingual_model(tiny_en_pair, librivox):
+    opts = _opts()
+    with pytest.raises(ValueError, match="English-only"):
+        transcribe(
+            librivox[0].path, tiny_en_pair, replace(opts, decode=replace(opts.decode, task="translate"))
+        )
+
+
+# ---- pure functions ------------------------------------------------------------------------
+TB = 50363  # <|0.00|> of the English-only vocabulary
+
+
+def test_split_window_cases():
+    a, b, c = 11, 12, 13  # text tokens
+    # two closed segments, ending on a closed pair: seek to the last timestamp
+    toks = [TB, a, TB + 100, TB + 100, b, TB + 200, TB + 210]
+    pieces, advance = split_window(toks, TB, 3000)
+    assert [(s, e) for s, e, _ in pieces] == [(0, 100), (100, 200)] and advance == 400
+    # ends on a single timestamp: the window is done
+    toks = [TB, a, TB + 100, TB + 120, b, TB + 300]
+    pieces, advance = split_window(toks, TB, 3000)
+    assert [(s, e) for s, e, _ in pieces] == [(0, 100), (120, 300)] and advance == 3000
+    # the last segment is cut off: it is decoded again from its start
+    toks = [TB, a, TB + 100, TB + 100, b, c]
+    pieces, advance = split_window(toks, TB, 3000)
+    assert [p[2] for p in pieces] == [[TB, a, TB + 100]] and advance == 200
+    # no closed pair: one segment for the whole window
+    pieces, advance = split_window([a, b], TB, 1200)
+    assert pieces == [(0, 600, [a, b])] and advance == 1200
+
+
+def _result(text="hello there", avg_logprob=-0.3, no_speech_prob=0.1) -> DecodeResult:
+    return DecodeResult([], text, avg_logprob, no_speech_prob, 0.0, "en", DecodeStats())
+
+
+def test_fallback_and_silence_rules():
+    opts = TranscribeOptions()
+    assert compression_ratio("the cat " * 40) > 2.4 > compression_ratio("a plain sentence of words")
+    assert not needs_fallback(_result(), opts)
+    assert needs_fallback(_result(text="the cat " * 40), opts)
+    assert needs_fallback(_result(avg_logprob=-1.5), opts)
+    assert not needs_fallback(_result(avg_logprob=-1.5, no_speech_prob=0.9), opts)  # silence
+    assert is_silence(_result(avg_logprob=-1.5, no_speech_prob=0.9), opts)
+    assert not is_silence(_result(avg_logprob=-0.2, no_speech_prob=0.9), opts)  # confident speech
+    assert not is_silence(_result(avg_logprob=-1.5, no_speech_prob=0.3), opts)
+
+
+def test_options_are_validated():
+    for bad in (
+        {"strategy": "magic"},
+        {"temperatures": ()},
+        {"temperatures": (0.4, 0.2)},
+        {"batch_size": 0},
+        {"chunk_overlap": 25.0},
+        {"no_speech_threshold": 1.5},
+    ):
+        with pytest.raises(ValueError):
+            TranscribeOptions(**bad)
+
+
+def test_batched_fallback_redecodes_only_the_failing_rows(tiny_en_pair, long_audio, spy, monkeypatch):
+    from specasr.features import N_SAMPLES, log_mel
+
+    pair = with_self_draft(tiny_en_pair, 2)  # shared encoder: draft states are the target's
+    mel = log_mel(long_audio.samples, 80, padding=N_SAMPLES)[0]
+    windows = torch.cat([longform.window_mel(mel, s, 3000) for s in (0, 3000)])  # [2, 80, 3000]
+    stats = DecodeStats()
+    t_states, d_states = longform.encode_windows(pair, windows, stats)
+    assert d_states is t_states
+    # only the second window (30-60 s) holds "amiable himself"
+    monkeypatch.setattr(longform, "needs_fallback", lambda result, options: "amiable himself" in result.text)
+    opts = _opts("exact", temperatures=(0.0, 0.2))
+    results = longform.decode_with_fallback(pair, t_states, d_states, opts, "en", None, 0, stats)
+    assert results[0].temperature == 0.0 and "amiable himself" not in results[0].text
+    assert results[1].temperature == 0.2 and "amiable himself" in results[1].text
+    assert [o.temperature for o, _ in spy] == [0.0, 0.2]
+    assert stats.proposed > 0

@@ -313,6 +313,7 @@ class _Loop:
         else:
             uniforms = torch.zeros((B, gamma), device=dev)
             noise = torch.ones((B, logits.shape[-1]), device=dev)
+        verify_before = st.verify_s
         with timed(st, "verify_s", dev):
             n_acc, nxt = kernels.verify(
                 logits,
@@ -325,6 +326,7 @@ class _Loop:
                 sigmoid_scale=opts.sigmoid_scale,
                 backend=opts.backend,
             )
+        st.verify_times.append(st.verify_s - verify_before)
         n_acc, nxt = n_acc.tolist(), nxt.tolist()
         m = min(n_acc)
         # lockstep: every row emits d1 … dm plus one more token

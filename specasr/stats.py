@@ -25,6 +25,7 @@ class DecodeStats:
     target_s: float = 0.0  # wall seconds in target forward passes (incl. logit filters)
     verify_s: float = 0.0  # wall seconds in the verifier
     decoder_s: float = 0.0  # wall seconds of the whole decoding loop
+    verify_times: list[float] = field(default_factory=list)  # verifier seconds of each verify pass
 
     @property
     def acceptance_rate(self) -> float:
@@ -55,6 +56,7 @@ class DecodeStats:
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_hist = self.accepted_hist + other.accepted_hist
         out.gammas = self.gammas + other.gammas
+        out.verify_times = self.verify_times + other.verify_times
         return out
 
     def to_dict(self) -> dict:

@@ -72,6 +72,7 @@ class TranscribeOptions:
     initial_prompt: str | None = None  # text prompting the first window (every window when chunked)
     batch_size: int = 8  # windows per batched decode (chunked)
     chunk_overlap: float = 10.0  # seconds shared by consecutive windows (chunked)
+    trim_silence: bool = True  # move each segment end back to its last voiced frame (timing.py)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

@@ -20,6 +20,7 @@ from specasr.decoding import DecodeResult, decode, detect_language
 from specasr.features import N_FRAMES, N_SAMPLES, log_mel, log_mel_window
 from specasr.longform import Segment, TranscriptionInfo, encode_windows, sequential, window_mel
 from specasr.options import DecodeOptions, TranscribeOptions
+from specasr.timing import trim_trailing_silence
 
 __all__ = ["AudioTooLongError", "Segment", "TranscriptionInfo", "transcribe", "transcribe_clip"]
 
@@ -67,7 +68,10 @@ def transcribe(
         info.language = detect_language(pair, first[0])[0]
         info.language_detected = True
     strategy = sequential if options.strategy == "sequential" else chunked
-    return strategy(pair, mel, options, info, first), info
+    segments = strategy(pair, mel, options, info, first)
+    if options.trim_silence:
+        segments = trim_trailing_silence(segments, mel)
+    return segments, info
 
 
 def transcribe_clip(pair, audio, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:

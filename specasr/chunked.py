@@ -30,6 +30,7 @@ from specasr.longform import (
     compression_ratio,
     decode_with_fallback,
     encode_windows,
+    initial_prompt_tokens,
     is_silence,
     split_window,
     window_mel,
@@ -182,7 +183,7 @@ def chunked(
     tok = pair.tokenizer
     content = mel.shape[-1] - N_FRAMES
     starts = window_starts(content, options.chunk_overlap)
-    prompt = tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else None
+    prompt = initial_prompt_tokens(tok, options) or None
     stream: list[_Token] = []
     covered = 0.0  # end (s) of the last window merged into the stream
     n_segments, last_end = 0, 0.0

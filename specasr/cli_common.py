@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from specasr.options import GAMMA_POLICIES, DecodeOptions
@@ -10,14 +12,19 @@ DEFAULTS = DecodeOptions()
 
 
 def load_models(model: str, draft: str | None, mode: str, device: str | None, dtype: str | None):
-    """The ModelPair for `--model/--draft/--device/--dtype`; no draft for target-only decoding."""
+    """The ModelPair for `--model/--draft/--device/--dtype`; no draft for target-only decoding.
+    A model that cannot be loaded is reported on stderr and exits with status 1."""
     import torch
 
     from specasr.models import load_pair
 
     torch_dtype = {None: None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     want_draft = None if mode == "autoregressive" and draft in (None, "default") else (draft or "default")
-    return load_pair(model, want_draft, device=device, dtype=torch_dtype)
+    try:
+        return load_pair(model, want_draft, device=device, dtype=torch_dtype)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        click.echo(f"error: cannot load model: {e}", err=True)
+        sys.exit(1)
 
 
 def _stack(*options):

@@ -160,11 +160,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     speculative = any(m != "autoregressive" for m in options.modes)
-    try:
-        pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        click.echo(f"error: cannot load model: {e}", err=True)
-        sys.exit(1)
+    pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
     output_dir = output_dir or f"eval-{name}"
     meta = {"dataset": name, "model": model, "draft": pair.draft_name if speculative else None}
     meta |= {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch.")}

@@ -167,11 +167,7 @@ def transcribe(
             raise click.UsageError("several formats need --output-dir")
         if (len(inputs) > 1 or len(files) > 1) and formats != ["txt"]:
             raise click.UsageError("several inputs print plain text; use --output-dir for other formats")
-    try:
-        pair = load_models(model, draft, mode, device, dtype)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        click.echo(f"error: cannot load model: {e}", err=True)
-        sys.exit(1)
+    pair = load_models(model, draft, mode, device, dtype)
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     for item in unmatched:

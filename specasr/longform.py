@@ -95,6 +95,11 @@ class TranscriptionInfo:
 
 
 # ---- window decoding shared by both strategies -----------------------------------------
+def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:
+    """Tokens of `initial_prompt` (with Whisper's leading space), or none."""
+    return tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+
+
 def compression_ratio(text: str) -> float:
     """len(utf-8 text) / len(zlib(text)): repetition loops compress well (ratio > 2.4)."""
     data = text.encode("utf-8")
@@ -200,7 +205,7 @@ def sequential(
     """
     tok = pair.tokenizer
     content = mel.shape[-1] - N_FRAMES
-    all_tokens = tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+    all_tokens = initial_prompt_tokens(tok, options)
     prompt_since = 0  # all_tokens[prompt_since:] prompts the next window
     seek, n_segments = 0, 0
     while seek < content:

@@ -49,3 +49,11 @@ def test_models_lists_presets():
     rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:]}
     assert rows["base"] == "yes" and rows["tiny.en"] == "yes"
     assert {"small.en", "medium.en", "large-v2", "large-v3"} <= set(rows)
+
+
+def test_unloadable_model_is_a_clear_error_in_every_command(tmp_path, librivox):
+    missing = str(tmp_path / "no-such-model")
+    for args in (["transcribe", str(librivox[0].path)], ["bench", str(librivox[0].path)]):
+        result = CliRunner().invoke(main, [*args, "--model", missing])
+        assert result.exit_code == 1, (args, result.output)
+        assert "cannot load model" in result.stderr and "no-such-model" in result.stderr

@@ -66,7 +66,7 @@ def test_speculative_greedy_is_exact_with_self_drafts(base_pair, librivox, libri
         spec = decode(pair, librivox_mels[clip.id], opts)[0]
         assert spec.tokens == base_ar[clip.id].tokens, (k, clip.id)
         assert spec.stats.draft_calls > 0 and spec.stats.proposed > 0
-        assert spec.stats.target_calls < spec.stats.draft_calls + spec.stats.target_calls
+        assert spec.stats.target_calls <= len(spec.tokens) + 1  # every pass emits >= 1 token
         np.testing.assert_allclose(spec.avg_logprob, base_ar[clip.id].avg_logprob, atol=1e-3)
 
 

@@ -33,7 +33,7 @@ def test_baseline_and_exact_sample_identically(pair, librivox, librivox_mels):
         assert base.stats.accepted == exact.stats.accepted
         greedy = decode(pair, mel, replace(opts, temperature=0.0))[0]
         differs_from_greedy |= greedy.tokens != base.tokens
-    assert differs_from_greedy or opts.temperature == 0  # sampling really sampled somewhere
+    assert differs_from_greedy  # sampling really sampled somewhere
 
 
 def test_speculative_mode_without_draft_is_refused(base_pair, librivox, librivox_mels):

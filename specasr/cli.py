@@ -1,6 +1,6 @@
 """`specasr` command line: a thin click front end over the library.
 
-Commands live one per module (cli_transcribe, cli_eval); this one holds the group, `bench`
+Commands live one per module (cli_transcribe, cli_eval, cli_app); this one holds the group, `bench`
 and `models`. Exit codes: 0 success, 1 some input failed (the others were still processed),
 2 usage error.
 """
@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import click
 
+from specasr.cli_app import app
 from specasr.cli_common import DEFAULTS, gamma_options, load_models, model_options
 from specasr.cli_eval import eval_
 from specasr.cli_transcribe import transcribe
@@ -25,6 +26,7 @@ def main() -> None:
 
 main.add_command(transcribe)
 main.add_command(eval_)
+main.add_command(app)
 
 
 @main.command()

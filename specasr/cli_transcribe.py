@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from specasr.cli_common import DEFAULTS, gamma_options, load_models, model_options
-from specasr.options import MODES, STRATEGIES, TranscribeOptions
+from specasr.options import MODES, STRATEGIES, TranscribeOptions, fallback_schedule
 from specasr.writers import FORMATS
 
 _TRANSCRIBE = TranscribeOptions()
@@ -50,14 +50,6 @@ def _output_stems(files: list[str]) -> list[str]:
         seen[stem] = seen.get(stem, 0) + 1
         stems.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
     return stems
-
-
-def _fallback_schedule(temperature: float) -> tuple[float, ...]:
-    """The starting temperature, then +0.2 steps up to 1.0 (Whisper's fallback schedule)."""
-    steps = [temperature]
-    while steps[-1] + 0.2 <= 1.0 + 1e-9:
-        steps.append(round(steps[-1] + 0.2, 6))
-    return tuple(steps)
 
 
 @click.command()
@@ -154,7 +146,7 @@ def transcribe(
             decode=decode,
             strategy=strategy,
             batch_size=batch_size,
-            temperatures=_fallback_schedule(temperature),
+            temperatures=fallback_schedule(temperature),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -58,6 +58,14 @@ STRATEGIES = ("sequential", "chunked")
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
+def fallback_schedule(temperature: float) -> tuple[float, ...]:
+    """The starting temperature, then +0.2 steps up to 1.0 (Whisper's fallback schedule)."""
+    steps = [temperature]
+    while steps[-1] + 0.2 <= 1.0 + 1e-9:
+        steps.append(round(steps[-1] + 0.2, 6))
+    return tuple(steps)
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     # per-window decoding; its temperature is replaced by each step of `temperatures`

@@ -1,0 +1,173 @@
+"""The Gradio app: record or upload speech, pick a verifier mode, read the transcript with its
+speculative-decoding statistics, and compare the mode with autoregressive decoding.
+
+A thin front end: widgets -> `service.Controls` -> `service.run` / `service.compare` -> widgets.
+The models load once (or come in preloaded) and every request shares them; a queue limits how
+many decode at once. Errors reach the page as messages, never as tracebacks. Uploads and
+recordings stay in Gradio's temporary directory (GRADIO_TEMP_DIR); the app writes no files.
+Live streaming is not offered: a transcript of a growing prefix is not the final transcript.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import fields
+
+import gradio as gr
+
+from specasr.options import GAMMA_POLICIES, MODES
+
+from .service import AppOptions, Controls, compare, load_input, run, word_diff
+
+__all__ = ["build_app", "launch"]
+
+log = logging.getLogger(__name__)
+_DEFAULT = Controls()
+_GAMMA_MAX = _DEFAULT.options().decode.gamma_max
+_INTRO = """# specasr: Whisper with speculative decoding
+Record or upload speech, pick a verifier mode and **Transcribe**. **Compare** runs
+autoregressive decoding (the target alone) and the chosen mode on the same audio and shows the
+measured speedup. At temperature 0, `baseline` and `exact` give the target's greedy transcript
+token for token; `sigmoid` is a lossy approximation."""
+
+
+def _user_errors(handler):
+    """Every failure becomes a gr.Error: its message on the page, the traceback only in the log."""
+
+    @functools.wraps(handler)
+    def wrapped(*args):
+        try:
+            return handler(*args)
+        except gr.Error:
+            raise
+        except ValueError as e:  # InputError, and option values the library refuses
+            raise gr.Error(str(e), print_exception=False) from None
+        except Exception as e:
+            log.exception("request failed")
+            raise gr.Error(f"Transcription failed ({type(e).__name__}): {e}", print_exception=False) from None
+
+    return wrapped
+
+
+def _control_widgets(pair) -> dict[str, gr.components.Component]:
+    """One widget per `Controls` field, keyed by the field's name."""
+    tok = pair.tokenizer
+    languages = ["auto", *sorted(tok.language_tokens)] if tok.multilingual else ["en"]
+    with gr.Accordion("Decoding", open=True):
+        widgets = {
+            "mode": gr.Radio(list(MODES), value=_DEFAULT.mode, label="Mode", elem_id="mode"),
+        }
+        with gr.Row():
+            widgets["gamma_policy"] = gr.Radio(
+                list(GAMMA_POLICIES), value=_DEFAULT.gamma_policy, label="γ policy"
+            )
+            widgets["gamma"] = gr.Slider(
+                1, _GAMMA_MAX, value=_DEFAULT.gamma, step=1, label="γ (fixed value, or start)"
+            )
+        widgets["temperature"] = gr.Slider(
+            0.0, 1.0, value=_DEFAULT.temperature, step=0.05, label="Temperature (0 = greedy)"
+        )
+        with gr.Row():
+            widgets["sigmoid_alpha"] = gr.Number(_DEFAULT.sigmoid_alpha, label="sigmoid α")
+            widgets["sigmoid_beta"] = gr.Number(_DEFAULT.sigmoid_beta, label="sigmoid β")
+        with gr.Row():
+            value = _DEFAULT.language if _DEFAULT.language in languages else languages[0]
+            widgets["language"] = gr.Dropdown(languages, value=value, label="Language")
+            task_choices = ["transcribe", "translate"] if tok.multilingual else ["transcribe"]
+            widgets["task"] = gr.Radio(task_choices, value=_DEFAULT.task, label="Task")
+        with gr.Row():
+            widgets["timestamps"] = gr.Checkbox(value=_DEFAULT.timestamps, label="Segment timestamps")
+            widgets["seed"] = gr.Number(_DEFAULT.seed, precision=0, label="Seed (sampling)")
+    return widgets
+
+
+def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # noqa: B008 (frozen)
+    """The app over `pair` (a ModelPair; None loads the packaged default preset and its draft).
+
+    Launch it with `launch`, which also applies the upload limit of `options`.
+    """
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # gradio reads it at each telemetry call
+    if pair is None:
+        from specasr.models import load_pair
+
+        pair = load_pair("base")
+
+    def on_transcribe(audio, *values):
+        controls = Controls(*values)
+        result = run(pair, load_input(audio, options), controls)
+        stats = "| statistic | value |\n|---|---|\n" + "\n".join(
+            f"| {k} | {v} |" for k, v in result.stats_rows()
+        )
+        return result.transcript(controls.timestamps), stats
+
+    def on_compare(audio, *values):
+        comparison = compare(pair, load_input(audio, options), Controls(*values))
+        left, right = word_diff(comparison.reference.text, comparison.candidate.text)
+        return (
+            gr.HighlightedText(left, label="autoregressive (target only)"),
+            gr.HighlightedText(right, label=comparison.candidate.mode),
+            comparison.summary(),
+        )
+
+    draft = f", draft `{pair.draft_name}`" if pair.draft is not None else ", no draft (autoregressive only)"
+    with gr.Blocks(title="specasr", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(_INTRO + f"\n\nModels: target `{pair.target_name}`{draft}, on {pair.device}.")
+        with gr.Row():
+            with gr.Column():
+                audio = gr.Audio(
+                    sources=["microphone", "upload"],
+                    type="filepath",
+                    label=f"Speech (up to {options.max_seconds:g} s, {options.max_upload_mb:g} MB)",
+                    elem_id="audio",
+                )
+                widgets = _control_widgets(pair)
+                with gr.Row():
+                    transcribe_button = gr.Button("Transcribe", variant="primary", elem_id="transcribe")
+                    compare_button = gr.Button("Compare with autoregressive", elem_id="compare")
+            with gr.Column():
+                transcript = gr.Textbox(label="Transcript", lines=6, buttons=["copy"], elem_id="transcript")
+                stats = gr.Markdown(elem_id="stats")
+                reference = gr.HighlightedText(
+                    label="autoregressive (target only)", color_map={"differs": "red"}, elem_id="reference"
+                )
+                candidate = gr.HighlightedText(
+                    label="chosen mode", color_map={"differs": "red"}, elem_id="candidate"
+                )
+                speedup = gr.Markdown(elem_id="speedup")
+        inputs = [audio, *(widgets[f.name] for f in fields(Controls))]
+        shared = {"concurrency_id": "decode", "concurrency_limit": options.concurrency_limit}
+        transcribe_button.click(
+            _user_errors(on_transcribe), inputs, [transcript, stats], api_name="transcribe", **shared
+        )
+        compare_button.click(
+            _user_errors(on_compare), inputs, [reference, candidate, speedup], api_name="compare", **shared
+        )
+    demo.queue(max_size=options.max_queue)
+    return demo
+
+
+def launch(
+    demo: gr.Blocks,
+    options: AppOptions = AppOptions(),  # noqa: B008 (frozen)
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    share: bool = False,
+    block: bool = True,
+):
+    """Serves `demo` on host:port (loopback unless told otherwise; a public share link only
+    when asked). block=False returns at once, the server running in a thread."""
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        max_file_size=int(options.max_upload_mb * 2**20),
+        prevent_thread_lock=not block,
+        show_error=False,
+        ssr_mode=False,
+        mcp_server=False,
+        run_history=False,  # it keeps requests in the browser, or sends them to a Hub bucket
+        quiet=not block,
+    )

@@ -26,6 +26,10 @@ _TRANSCRIBE = TranscribeOptions()
 _DECODE = _TRANSCRIBE.decode
 
 
+def _ratio(value: float, proposed: int) -> str:
+    return f"{value:.3f}" if proposed else "n/a"
+
+
 @dataclass(frozen=True)
 class AppOptions:
     max_seconds: float = 600.0  # longest audio accepted, in seconds
@@ -127,7 +131,8 @@ class Run:
         s = self.info.stats
         return [
             ("mode", self.mode),
-            ("α̂ (accepted / proposed draft tokens)", f"{s.acceptance_rate:.3f}" if s.proposed else "n/a"),
+            ("α̂ per token (accepted / reached draft tokens)", _ratio(s.token_acceptance, s.proposed)),
+            ("accepted / proposed draft tokens", _ratio(s.acceptance_rate, s.proposed)),
             ("tokens per target call", f"{s.tokens_per_target_call:.2f}"),
             ("target calls", str(s.target_calls)),
             ("draft calls", str(s.draft_calls)),

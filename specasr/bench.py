@@ -26,7 +26,8 @@ class BenchReport:
     spec_decoder_s: float  # the same for speculative decoding
     ar_total_s: float  # median of encoder + decoder time, target only
     spec_total_s: float
-    alpha: float  # α̂ over all speculative runs
+    alpha: float  # accepted / proposed over all speculative runs
+    token_alpha: float  # per-token α̂ = accepted / (accepted + rejected): the formula's α
     tokens_per_call: float  # mean tokens per target pass (speculative)
     mean_gamma: float
     c: float  # draft step time / target single-token step time (medians)
@@ -43,7 +44,7 @@ class BenchReport:
 
     @property
     def theoretical(self) -> float:
-        return theoretical_speedup(self.alpha, round(self.mean_gamma), self.c)
+        return theoretical_speedup(self.token_alpha, round(self.mean_gamma), self.c)
 
     def table(self) -> str:
         rows = [
@@ -52,7 +53,8 @@ class BenchReport:
             ("decoder time, speculative (median, s)", f"{self.spec_decoder_s:.3f}"),
             ("decoder-phase speedup", f"{self.decoder_speedup:.2f}×"),
             ("end-to-end speedup (encoder + decoder)", f"{self.total_speedup:.2f}×"),
-            ("α̂ (accepted / proposed)", f"{self.alpha:.3f}"),
+            ("α̂ per token (accepted / (accepted + rejected))", f"{self.token_alpha:.3f}"),
+            ("accepted / proposed", f"{self.alpha:.3f}"),
             ("tokens per target call", f"{self.tokens_per_call:.2f}"),
             ("mean γ", f"{self.mean_gamma:.2f}"),
             ("verifier time per call (median, ms)", f"{self.verify_ms:.3f}"),
@@ -108,6 +110,7 @@ def run_bench(pair, mels: list, options: DecodeOptions, repeats: int = 3, warmup
         ar_total_s=statistics.median(ar_tot),
         spec_total_s=statistics.median(sp_tot),
         alpha=spec_all.acceptance_rate,
+        token_alpha=spec_all.token_acceptance,
         tokens_per_call=spec_all.tokens_per_target_call,
         mean_gamma=sum(gammas) / len(gammas),
         c=statistics.median(draft_step) / statistics.median(ar_step) if draft_step else 0.0,
@@ -122,7 +125,7 @@ def logit_pairs(pair, mels: list, options: DecodeOptions) -> dict:
     --sigmoid-study --logits FILE`."""
     import torch
 
-    from specasr.decoding import DecoderRunner, start_sequence
+    from specasr.decoding import make_runner, start_sequence
     from specasr.filters import apply_filters, build_filters
 
     ar_opts = replace(options, mode="autoregressive", temperature=0.0)
@@ -147,7 +150,7 @@ def logit_pairs(pair, mels: list, options: DecodeOptions) -> dict:
                 ("target", pair.target, target_states),
                 ("draft", pair.draft, draft_states),
             ):
-                logits = DecoderRunner(model, states)(
+                logits = make_runner(model, states)(
                     torch.tensor([seq[:-1]], device=pair.device), len(contexts)
                 )
                 logits = logits[0].float().contiguous()  # [N, V]

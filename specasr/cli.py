@@ -13,6 +13,7 @@ import click
 
 from specasr.cli_app import app
 from specasr.cli_common import DEFAULTS, gamma_options, load_models, model_options
+from specasr.cli_distill import distill
 from specasr.cli_eval import eval_
 from specasr.cli_transcribe import transcribe
 from specasr.options import MODES
@@ -27,6 +28,7 @@ def main() -> None:
 main.add_command(transcribe)
 main.add_command(eval_)
 main.add_command(app)
+main.add_command(distill)
 
 
 @main.command()

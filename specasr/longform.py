@@ -63,6 +63,7 @@ class Segment:
                 "proposed": s.proposed,
                 "accepted": s.accepted,
                 "acceptance_rate": s.acceptance_rate,
+                "token_acceptance": s.token_acceptance,
                 "target_calls": s.target_calls,
                 "draft_calls": s.draft_calls,
                 "tokens_per_target_call": s.tokens_per_target_call,

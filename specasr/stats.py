@@ -16,6 +16,7 @@ class DecodeStats:
     draft_calls: int = 0  # draft decoder forward passes
     proposed: int = 0  # draft tokens offered to the verifier, summed over rows
     accepted: int = 0  # draft tokens the verifier accepted, summed over rows
+    rejected: int = 0  # (row, pass) pairs that rejected a draft token (n < γ)
     emitted: int = 0  # tokens appended to the output, summed over rows (accepted + corrections/bonus)
     row_steps: int = 0  # (row, verify pass) pairs: the denominator of tokens per target call
     accepted_hist: Counter = field(default_factory=Counter)  # n accepted -> how many (row, pass) pairs
@@ -29,8 +30,17 @@ class DecodeStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """α̂: accepted / proposed draft tokens."""
+        """accepted / proposed draft tokens. Proposals after a rejection count as not
+        accepted, so with γ > 1 this is below the per-token acceptance probability."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """α̂ per token: accepted / (accepted + rejected), the maximum-likelihood estimate of
+        the probability that a draft token the verifier reaches is accepted (the α of
+        (1 − α^(γ+1)) / (1 − α)). At T = 0 it is the draft's greedy agreement with the target."""
+        seen = self.accepted + self.rejected
+        return self.accepted / seen if seen else 0.0
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -45,6 +55,7 @@ class DecodeStats:
             "draft_calls",
             "proposed",
             "accepted",
+            "rejected",
             "emitted",
             "row_steps",
             "encoder_s",
@@ -63,6 +74,7 @@ class DecodeStats:
         d = asdict(self)
         d["accepted_hist"] = {str(k): v for k, v in sorted(self.accepted_hist.items())}
         d["acceptance_rate"] = self.acceptance_rate
+        d["token_acceptance"] = self.token_acceptance
         d["tokens_per_target_call"] = self.tokens_per_target_call
         return d
 
@@ -70,7 +82,8 @@ class DecodeStats:
         hist = " ".join(f"{k}:{v}" for k, v in sorted(self.accepted_hist.items()))
         return (
             f"target calls {self.target_calls}, draft calls {self.draft_calls}, "
-            f"accepted {self.accepted}/{self.proposed} (α̂={self.acceptance_rate:.3f}), "
+            f"accepted {self.accepted}/{self.proposed} ({self.acceptance_rate:.3f}; per token "
+            f"α̂={self.token_acceptance:.3f}), "
             f"tokens/target call {self.tokens_per_target_call:.2f}, accepted-count histogram [{hist}]\n"
             f"time: encoder {self.encoder_s * 1e3:.1f} ms, draft {self.draft_s * 1e3:.1f} ms, "
             f"target {self.target_s * 1e3:.1f} ms, verify {self.verify_s * 1e3:.1f} ms, "

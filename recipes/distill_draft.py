@@ -1,0 +1,423 @@
+"""Distil a fast draft for any Whisper target (`specasr distill train`).
+
+Three resumable stages, each cached in a work directory:
+
+1. **label**: every audio file is cut into 30 s windows; the target encodes each window
+   (states cached, fp16) and labels it with its own greedy transcript, half the windows
+   with timestamps. Windows whose transcript reaches `max_new_tokens` (a loop) are dropped.
+2. **teacher**: the draft's vocabulary is chosen (the most frequent label tokens, filled
+   up with the lowest BPE ids, plus <|endoftext|> and every timestamp token; tokens the
+   target always suppresses are left out). Then the target is run teacher-forced over every
+   label, with Whisper's logit filters applied exactly as when decoding, and its top-k
+   next-token probabilities over that vocabulary are kept. A share of the sequences is
+   prefixed with another window's text as a <|startofprev|> prompt, as long-form decoding
+   does.
+3. **train**: a 1–2 layer draft, initialised from target layers (`specasr.draft`), learns
+   those distributions (cross-entropy on soft targets = KL up to a constant), with AdamW
+   and a cosine schedule; checkpointed every `checkpoint_every` steps and resumable. The
+   held-out windows report greedy agreement: how often the draft's argmax equals the
+   target's token, which is what α is at T = 0.
+
+The result is a `.safetensors` draft file holding only the draft's own weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specasr.draft import DistilledDraft
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus", ".sph", ".webm"}
+WINDOW = 16000 * 30
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    layers: tuple[int, ...] = (0, -1)  # target decoder layers the draft starts from (-1 = last)
+    vocab: int = 4096  # draft output vocabulary (0 = the full vocabulary)
+    epochs: int = 6
+    batch_size: int = 16
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    warmup: int = 40  # linear warm-up steps, then cosine decay to 0
+    top_k: int = 32  # teacher probabilities kept per position
+    max_new_tokens: int = 200  # labels reaching this are loops and are dropped
+    timestamps_share: float = 0.5  # windows labelled with timestamps
+    prompt_share: float = 0.3  # sequences given a <|startofprev|> prompt
+    holdout: float = 0.05  # windows kept out of training for the agreement score
+    language: str | None = "en"  # None: detect per window
+    label_batch: int = 8
+    checkpoint_every: int = 50
+    seed: int = 0
+    max_windows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.layers) <= 4:
+            raise ValueError("a draft has 1 to 4 layers")
+        if self.vocab < 0 or 0 < self.vocab < 2048:
+            raise ValueError("vocab must be 0 (full) or >= 2048")
+
+
+# ---- stage 1: windows, encoder states and greedy labels ---------------------------------
+def audio_files(root: str | Path) -> list[Path]:
+    root = Path(root)
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no audio files ({', '.join(sorted(AUDIO_SUFFIXES))}) under {root}")
+    return files
+
+
+def _windows(files: list[Path], limit: int | None):
+    """Yields (name, samples ≤ 30 s) per window; unreadable files are reported and skipped."""
+    from specasr.audio import AudioError, load_audio
+
+    n = 0
+    for f in files:
+        try:
+            audio = load_audio(f)
+        except AudioError as e:
+            tqdm.write(f"skipping {f}: {e}")
+            continue
+        for i in range(0, max(len(audio), 1), WINDOW):
+            piece = audio[i : i + WINDOW]
+            if len(piece) >= 16000:
+                yield f"{f.name}@{i // 16000}", piece
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+
+
+@torch.inference_mode()
+def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Path]:
+    """Stage 1; writes work/labels/NNNNN.pt shards {names, states [b,1500,d] fp16, tokens, timestamps}."""
+    from specasr.decoding import decode_states
+    from specasr.features import log_mel_window, pad_or_trim
+    from specasr.options import DecodeOptions
+
+    out = work / "labels"
+    out.mkdir(parents=True, exist_ok=True)
+    windows = list(_windows(files, opts.max_windows))
+    batches = [windows[i : i + opts.label_batch] for i in range(0, len(windows), opts.label_batch)]
+    rng = random.Random(opts.seed)
+    flags = [rng.random() < opts.timestamps_share for _ in batches]
+    shards, dropped = [], 0
+    for i, (batch, ts) in enumerate(tqdm(list(zip(batches, flags)), desc="label", unit="batch")):
+        shard = out / f"{i:05d}.pt"
+        shards.append(shard)
+        if shard.is_file():
+            continue
+        audio = torch.stack([pad_or_trim(torch.as_tensor(a)) for _, a in batch])  # [b, 480000]
+        mel = log_mel_window(audio, pair.n_mels)
+        states, _ = pair.encode(mel)
+        dec = DecodeOptions(
+            mode="autoregressive", timestamps=ts, language=opts.language, max_new_tokens=opts.max_new_tokens
+        )
+        if opts.language is None:  # one row at a time: rows may detect different languages
+            results = [
+                res for r in range(len(batch)) for res in decode_states(pair, states[r : r + 1], None, dec)
+            ]
+        else:
+            results = decode_states(pair, states, None, dec)
+        keep = [r for r, res in enumerate(results) if 0 < len(res.tokens) < opts.max_new_tokens - 1]
+        dropped += len(batch) - len(keep)
+        record = {
+            "names": [batch[r][0] for r in keep],
+            "states": states[keep].to(torch.float16).cpu(),
+            "tokens": [results[r].tokens for r in keep],
+            "languages": [results[r].language for r in keep],
+            "timestamps": ts,
+        }
+        tmp = shard.with_suffix(".tmp")
+        torch.save(record, tmp)
+        tmp.replace(shard)
+    if dropped:
+        tqdm.write(f"dropped {dropped} windows whose transcript looped to {opts.max_new_tokens} tokens")
+    return shards
+
+
+# ---- stage 2: vocabulary and teacher distributions --------------------------------------
+def choose_vocabulary(pair, token_lists: list[list[int]], size: int) -> torch.Tensor:
+    """Sorted ids: eot + timestamps + the most frequent label tokens + the lowest BPE ids."""
+    tok, V = pair.tokenizer, pair.vocab_size
+    if size == 0:
+        return torch.arange(V)
+    suppressed = set(pair.suppress_tokens)
+    always = {tok.eot} | set(range(tok.timestamp_begin, V)) if tok.timestamp_begin is not None else {tok.eot}
+    chosen = set(always)
+    counts = Counter(t for toks in token_lists for t in toks if t < tok.eot and t not in suppressed)
+    for t, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        chosen.add(t)
+    t = 0
+    while len(chosen) < size and t < tok.eot:
+        if t not in suppressed:
+            chosen.add(t)
+        t += 1
+    return torch.tensor(sorted(chosen))
+
+
+@dataclass
+class Example:
+    state: int  # row of the state table
+    seq: list[int]  # full decoder input: [prompt] + start sequence + label + eot
+    begin: int  # index of the first label token in seq
+    top_idx: torch.Tensor  # [n, k] int32: draft-vocabulary indices of the teacher's top k
+    top_p: torch.Tensor  # [n, k] fp16: their teacher probabilities, renormalised
+    label: torch.Tensor  # [n] int64: the label tokens as draft-vocabulary indices (-1 = outside)
+
+
+@torch.inference_mode()
+def teacher(pair, shards: list[Path], vocab_ids: torch.Tensor, opts: DistillOptions):
+    """Stage 2 -> (states [n,1500,d] fp16, examples). One batched teacher-forced pass per shard."""
+    from specasr.decoding import start_sequence
+    from specasr.filters import apply_filters, build_filters
+    from specasr.options import DecodeOptions
+
+    tok = pair.tokenizer
+    lookup = torch.full((pair.vocab_size,), -1, dtype=torch.long)
+    lookup[vocab_ids] = torch.arange(len(vocab_ids))
+    cols = vocab_ids.to(pair.device)
+    rng = random.Random(opts.seed + 1)
+    states, examples = [], []
+    records = [torch.load(s) for s in shards]
+    all_tokens = [t for r in records for t in r["tokens"]]
+    for rec in tqdm(records, desc="teacher", unit="shard"):
+        ts, seqs, begins = rec["timestamps"], [], []
+        for j, label_tokens in enumerate(rec["tokens"]):
+            prompt = None
+            if rng.random() < opts.prompt_share:
+                other = [t for t in rng.choice(all_tokens) if t < tok.eot]
+                prompt = other[-rng.randint(8, 120) :] or None
+            lang = rec["languages"][j]
+            dec = DecodeOptions(mode="autoregressive", timestamps=ts, language=lang)
+            init, _ = start_sequence(pair, dec, lang, prompt)
+            seqs.append(init + label_tokens + [tok.eot])
+            begins.append(len(init))
+        if not seqs:
+            continue
+        T = max(map(len, seqs)) - 1
+        ids = torch.tensor(
+            [q[:-1] + [tok.eot] * (T - len(q) + 1) for q in seqs], device=pair.device
+        )  # [b, T]
+        st = rec["states"].to(device=pair.device, dtype=pair.dtype)
+        hidden = pair.target.model.decoder(input_ids=ids, encoder_hidden_states=st, use_cache=False)
+        hidden = hidden.last_hidden_state  # [b, T, d]; right padding does not reach earlier positions
+        for j, (seq, begin) in enumerate(zip(seqs, begins)):
+            logits = pair.target.proj_out(hidden[j, begin - 1 : len(seq) - 1]).float()  # [n, V]
+            filters = build_filters(
+                tok,
+                vocab_size=pair.vocab_size,
+                sample_begin=begin,
+                suppress_tokens=pair.suppress_tokens,
+                begin_suppress_tokens=pair.begin_suppress_tokens,
+                suppress_blank=True,
+                timestamps=ts,
+            )
+            apply_filters(filters, logits, [seq[:i] for i in range(begin, len(seq))])
+            p = torch.softmax(logits, -1)[:, cols].cpu()  # [n, N]
+            top_p, top_idx = p.topk(min(opts.top_k, p.shape[1]), dim=-1)
+            top_p = top_p / top_p.sum(-1, keepdim=True).clamp(min=1e-12)
+            examples.append(
+                Example(
+                    len(states),
+                    seq,
+                    begin,
+                    top_idx.to(torch.int32),
+                    top_p.to(torch.float16),
+                    lookup[torch.tensor(seq[begin:])],
+                )
+            )
+            states.append(rec["states"][j])
+    return torch.stack(states), examples
+
+
+# ---- stage 3: training --------------------------------------------------------------------
+def _loss(draft: DistilledDraft, examples: list[Example], cross, device) -> tuple[torch.Tensor, int, int]:
+    """Soft cross-entropy summed over label positions; also (greedy agreements, positions).
+    cross: per layer (K, V) [n, H, S, dh] fp16 for every example's window."""
+    T = max(len(e.seq) - 1 for e in examples)
+    tokens = torch.zeros(len(examples), T, dtype=torch.long)
+    for r, e in enumerate(examples):
+        tokens[r, : len(e.seq) - 1] = torch.tensor(e.seq[:-1])
+    rows_idx = torch.tensor([e.state for e in examples])
+    kv = [(k[rows_idx].to(device).float(), v[rows_idx].to(device).float()) for k, v in cross]
+    logq = F.log_softmax(draft(tokens.to(device), kv).float(), dim=-1)  # [B, T, N]
+    total, agree, n = 0.0, 0, 0
+    for r, e in enumerate(examples):
+        rows = logq[r, e.begin - 1 : len(e.seq) - 1]  # [n, N]: predicting seq[begin:]
+        idx, p = e.top_idx.to(device).long(), e.top_p.to(device).float()
+        total = total - (p * rows.gather(1, idx)).sum()
+        agree += int((rows.argmax(-1).cpu() == e.label).sum())
+        n += rows.shape[0]
+    return total, agree, n
+
+
+@torch.no_grad()
+def precompute_cross(draft: DistilledDraft, states: torch.Tensor, device, batch: int = 16):
+    """The draft's cross-attention K/V for every window (its K/V projections stay frozen)."""
+    out = [([], []) for _ in draft.layers]
+    for i in tqdm(range(0, len(states), batch), desc="cross K/V", unit="batch"):
+        kv = draft.cross_kv(states[i : i + batch].to(device).float())
+        for (ks, vs), (k, v) in zip(out, kv):
+            ks.append(k.to(torch.float16).cpu())
+            vs.append(v.to(torch.float16).cpu())
+    return [(torch.cat(ks), torch.cat(vs)) for ks, vs in out]
+
+
+def evaluate(draft: DistilledDraft, examples: list[Example], cross, device, batch: int) -> dict:
+    draft.eval()
+    loss, agree, n = 0.0, 0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch):
+            lo, a, k = _loss(draft, examples[i : i + batch], cross, device)
+            loss, agree, n = loss + float(lo), agree + a, n + k
+    draft.train()
+    return {"loss": loss / max(n, 1), "agreement": agree / max(n, 1), "positions": n}
+
+
+def _save_checkpoint(path: Path, **state) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def train(pair, states, examples: list[Example], vocab_ids, work: Path, opts: DistillOptions, log=print):
+    """Stage 3 -> the trained draft (also resumes from work/checkpoint.pt)."""
+    torch.manual_seed(opts.seed)
+    n_layers = pair.target.config.decoder_layers
+    layers = tuple(i % n_layers for i in opts.layers)
+    draft = DistilledDraft.from_target(pair.target, layers, vocab_ids).float().to(pair.device)
+    target_f32 = pair.target if pair.dtype == torch.float32 else None
+    draft.attach(target_f32 or pair.target)  # shared tensors stay frozen (the target needs no grad)
+    if target_f32 is None:  # train in fp32 against fp32 copies of the shared tensors
+        draft._shared = {k: v.float() for k, v in draft._shared.items()}
+    for layer in draft.layers:  # cross-attention K/V stay the target's: computed once per window
+        layer.encoder_attn.k_proj.requires_grad_(False)
+        layer.encoder_attn.v_proj.requires_grad_(False)
+    cross = precompute_cross(draft, states, pair.device)
+    rng = random.Random(opts.seed)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    n_hold = max(1, int(len(order) * opts.holdout))
+    held = [examples[i] for i in order[:n_hold]]
+    train_set = [examples[i] for i in order[n_hold:]]
+    steps_per_epoch = math.ceil(len(train_set) / opts.batch_size)
+    total = steps_per_epoch * opts.epochs
+    optim = torch.optim.AdamW(
+        [p for p in draft.parameters() if p.requires_grad], lr=opts.lr, weight_decay=opts.weight_decay
+    )
+
+    def lr_at(step: int) -> float:
+        if step < opts.warmup:
+            return (step + 1) / opts.warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - opts.warmup) / max(1, total - opts.warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
+    ckpt = work / "checkpoint.pt"
+    step, history = 0, []
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        draft.load_state_dict(state["draft"])
+        optim.load_state_dict(state["optim"])
+        sched.load_state_dict(state["sched"])
+        step, history = state["step"], state["history"]
+        log(f"resumed from step {step}")
+    if step == 0:
+        history.append({"step": 0, **evaluate(draft, held, cross, pair.device, opts.batch_size)})
+        log(f"step 0 (initialisation): held-out {history[-1]}")
+    draft.train()
+    bar = tqdm(total=total, initial=step, desc="train", unit="step")
+    while step < total:
+        epoch, k = divmod(step, steps_per_epoch)
+        perm = list(range(len(train_set)))
+        random.Random(opts.seed * 1000 + epoch).shuffle(perm)
+        batch = [train_set[i] for i in perm[k * opts.batch_size : (k + 1) * opts.batch_size]]
+        loss, agree, n = _loss(draft, batch, cross, pair.device)
+        optim.zero_grad(set_to_none=True)
+        (loss / n).backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item() / n:.3f}", agree=f"{agree / n:.3f}")
+        end_of_epoch = step % steps_per_epoch == 0
+        if step % opts.checkpoint_every == 0 or end_of_epoch or step == total:
+            if end_of_epoch or step == total:
+                history.append({"step": step, **evaluate(draft, held, cross, pair.device, opts.batch_size)})
+                tqdm.write(f"step {step}: held-out {history[-1]}")
+            _save_checkpoint(
+                ckpt,
+                draft=draft.state_dict(),
+                optim=optim.state_dict(),
+                sched=sched.state_dict(),
+                step=step,
+                history=history,
+            )
+    bar.close()
+    draft.meta["history"] = json.dumps(history[-1])
+    return draft.eval(), history
+
+
+def distill(
+    pair,
+    audio_dir,
+    out: str | Path,
+    work: str | Path,
+    opts: DistillOptions,
+    log=print,
+    stop_after: str = "train",
+) -> dict:
+    """The three stages (cached in `work`, resumable); writes the draft to `out` (fp16) and
+    returns a summary. stop_after: "label" | "teacher" | "train"."""
+    if opts.vocab:
+        opts = replace(opts, vocab=min(opts.vocab, pair.vocab_size))
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "options.json").write_text(json.dumps(asdict(opts), indent=1))
+    shards = label(pair, audio_files(audio_dir), work, opts)
+    if stop_after == "label":
+        return {"shards": len(shards)}
+    token_lists = [t for s in shards for t in torch.load(s)["tokens"]]
+    if not token_lists:
+        raise RuntimeError("no usable windows: every window was unreadable or looped")
+    vocab_ids = choose_vocabulary(pair, token_lists, opts.vocab)
+    vocab_set = set(vocab_ids.tolist())
+    covered = sum(t in vocab_set for toks in token_lists for t in toks)
+    coverage = covered / max(1, sum(map(len, token_lists)))
+    log(
+        f"{len(token_lists)} windows, {sum(map(len, token_lists))} label tokens; "
+        f"draft vocabulary {len(vocab_ids)} covers {coverage:.2%} of them"
+    )
+    key = {
+        "shards": len(shards),
+        "vocab": vocab_ids.tolist(),
+        "prompt_share": opts.prompt_share,
+        "top_k": opts.top_k,
+        "seed": opts.seed,
+    }
+    cache = work / "teacher.pt"
+    cached = torch.load(cache, weights_only=False) if cache.is_file() else None
+    if cached is not None and cached["key"] == key:
+        states, examples = cached["states"], cached["examples"]
+    else:
+        states, examples = teacher(pair, shards, vocab_ids, opts)
+        _save_checkpoint(cache, key=key, states=states, examples=examples)
+    if stop_after == "teacher":
+        return {"examples": len(examples)}
+    draft, history = train(pair, states, examples, vocab_ids, work, opts, log)
+    recipe = {k: v for k, v in asdict(opts).items() if k not in ("checkpoint_every",)}
+    draft.save(out, target=pair.target_name, recipe=json.dumps(recipe))
+    summary = {"windows": len(token_lists), "coverage": coverage, "vocab": len(vocab_ids), "history": history}
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,286 @@
+"""A distilled draft: a shallow Whisper decoder with a reduced output vocabulary.
+
+The draft reuses its target's encoder states, token embeddings and positional table (none
+of them are stored with the draft), and owns only:
+
+- 1 or 2 decoder layers (initialised from target layers, then trained, see
+  `specasr.recipes.distill_draft`), and its final LayerNorm;
+- `vocab_ids` [N]: the tokens it can propose. Its head is the target's tied output
+  projection restricted to those rows, so q is zero outside them. That is allowed: the
+  verifier only needs q(d) > 0 for the drafted token d, and the residual max(p − q, 0)
+  then gives those tokens their full target mass (exact at every temperature).
+
+`DraftRunner` is a lean, preallocated-KV-cache decoder loop with the interface of
+`decoding.DecoderRunner` (call, rollback, keep), so a draft step costs its arithmetic plus
+a few dozen kernel launches, not a Hugging Face module tree.
+
+File format: safetensors with the draft's own tensors (fp16) and metadata
+{"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
+"target", "init_layers"}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+FORMAT = "specasr-draft"
+VERSION = 1
+N_TEXT_CTX = 448
+
+
+class _Attention(nn.Module):
+    """Whisper attention projections (names match transformers' WhisperAttention)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+
+
+class DraftLayer(nn.Module):
+    """One pre-norm Whisper decoder layer; state_dict keys equal transformers' WhisperDecoderLayer."""
+
+    def __init__(self, d: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.self_attn, self.encoder_attn = _Attention(d), _Attention(d)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
+        return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def cross_kv(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
+        step, and a strided K/V would be copied by every call."""
+        a = self.encoder_attn
+        return self._split(a.k_proj(states)).contiguous(), self._split(a.v_proj(states)).contiguous()
+
+    def forward(
+        self,
+        x: Tensor,  # [B, T, d]
+        self_k: Tensor,  # [B, H, P+T, dh]: keys of positions 0 … P+T-1 (this block's written in)
+        self_v: Tensor,
+        cross_k: Tensor,  # [B, H, S, dh]
+        cross_v: Tensor,
+        mask: Tensor | None,  # [T, P+T] bool (True = attend) or None when T == 1
+        new_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        scale = self.dh**-0.5
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q = self._split(a.q_proj(h) * scale)
+        y = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=mask, scale=1.0)
+        x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
+        c = self.encoder_attn
+        q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
+        y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
+        x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of this layer's self-attention for inputs x [B, T, d] -> [B, H, T, dh]."""
+        h = self.self_attn_layer_norm(x)
+        return self._split(self.self_attn.k_proj(h)), self._split(self.self_attn.v_proj(h))
+
+
+class DistilledDraft(nn.Module):
+    """Shallow decoder + reduced head. `attach(target)` binds the target's shared tensors."""
+
+    def __init__(self, d_model: int, heads: int, ffn: int, layers: int, vocab_ids: Tensor, vocab_size: int):
+        super().__init__()
+        self.d_model, self.heads, self.ffn, self.vocab_size = d_model, heads, ffn, vocab_size
+        self.layers = nn.ModuleList(DraftLayer(d_model, heads, ffn) for _ in range(layers))
+        self.layer_norm = nn.LayerNorm(d_model)
+        self.register_buffer("vocab_ids", vocab_ids.long().clone())  # [N]
+        self.meta: dict[str, str] = {}
+        self._shared: dict[str, Tensor] = {}  # embed [V, d], positions [448, d], head [N, d]
+
+    # ---- binding to a target ------------------------------------------------------------
+    def attach(self, target) -> DistilledDraft:
+        """Binds the target's token embeddings (= tied output projection) and positional
+        table; they are not parameters of the draft and are never saved with it."""
+        cfg = target.config
+        if (cfg.d_model, cfg.vocab_size) != (self.d_model, self.vocab_size):
+            raise ValueError(
+                f"this draft was made for d_model={self.d_model}, vocab={self.vocab_size}; "
+                f"the target has d_model={cfg.d_model}, vocab={cfg.vocab_size}"
+            )
+        dec = target.model.decoder
+        embed = dec.embed_tokens.weight
+        self._shared = {
+            "embed": embed,
+            "positions": dec.embed_positions.weight,
+            # [d, N], contiguous: on CPU, x @ W streams it without BLAS repacking it per call
+            "head": embed[self.vocab_ids.to(embed.device)].t().contiguous(),
+        }
+        return self
+
+    @property
+    def config(self):  # the few fields callers read off a Hugging Face model
+        from types import SimpleNamespace
+
+        return SimpleNamespace(
+            vocab_size=self.vocab_size, d_model=self.d_model, decoder_layers=len(self.layers)
+        )
+
+    def embed(self, tokens: Tensor, start: int) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
+        sh = self._shared
+        return sh["embed"][tokens] + sh["positions"][start : start + tokens.shape[1]]
+
+    def head(self, x: Tensor) -> Tensor:
+        """x [B, T, d] -> logits over the draft's vocabulary [B, T, N]."""
+        return self.layer_norm(x) @ self._shared["head"]
+
+    def full_logits(self, sub: Tensor) -> Tensor:
+        """[B, T, N] -> [B, T, V] with −inf outside the draft's vocabulary."""
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), -math.inf)
+        out[..., self.vocab_ids] = sub
+        return out
+
+    def cross_kv(self, states: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Encoder states [B, S, d] -> per layer the cross-attention K, V [B, H, S, dh]."""
+        return [layer.cross_kv(states) for layer in self.layers]
+
+    def forward(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """Teacher-forced pass (training): tokens [B, T] from position 0, per-layer cross K/V
+        (`cross_kv`) -> logits over the draft vocabulary [B, T, N]."""
+        x = self.embed(tokens, 0)
+        T = tokens.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        for layer, (ck, cv) in zip(self.layers, cross):
+            k, v = layer.self_kv(x)
+            x = layer(x, k, v, ck, cv, mask)
+        return self.head(x)
+
+    def runner(self, states: Tensor) -> DraftRunner:
+        return DraftRunner(self, states)
+
+    # ---- files --------------------------------------------------------------------------
+    def save(self, path: str | Path, **meta: str) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in self.state_dict().items()}
+        tensors["vocab_ids"] = self.vocab_ids.to(torch.int32).contiguous()
+        info = {
+            "format": FORMAT,
+            "version": str(VERSION),
+            "d_model": str(self.d_model),
+            "heads": str(self.heads),
+            "ffn": str(self.ffn),
+            "layers": str(len(self.layers)),
+            "vocab_size": str(self.vocab_size),
+            **self.meta,
+            **{k: str(v) for k, v in meta.items()},
+        }
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=info)
+        tmp.replace(path)
+
+    @classmethod
+    def from_target(cls, target, layers: tuple[int, ...], vocab_ids: Tensor) -> DistilledDraft:
+        """A draft initialised from the target's decoder layers `layers` and final norm."""
+        cfg = target.config
+        draft = cls(
+            cfg.d_model,
+            cfg.decoder_attention_heads,
+            cfg.decoder_ffn_dim,
+            len(layers),
+            vocab_ids,
+            cfg.vocab_size,
+        )
+        dec = target.model.decoder
+        for mine, i in zip(draft.layers, layers):
+            mine.load_state_dict(dec.layers[i].state_dict())
+        draft.layer_norm.load_state_dict(dec.layer_norm.state_dict())
+        draft.meta["init_layers"] = ",".join(map(str, layers))
+        return draft.to(dec.layer_norm.weight.dtype)
+
+
+def is_draft_file(path: Path) -> bool:
+    if not (path.is_file() and path.suffix == ".safetensors"):
+        return False
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get("format") == FORMAT
+
+
+def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.device) -> DistilledDraft:
+    """Loads a draft file and binds it to `target` (same d_model and vocabulary)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a specasr draft file")
+        if int(meta.get("version", 0)) > VERSION:
+            raise ValueError(f"{path} has draft format version {meta['version']}; upgrade specasr")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+    draft = DistilledDraft(
+        int(meta["d_model"]),
+        int(meta["heads"]),
+        int(meta["ffn"]),
+        int(meta["layers"]),
+        tensors["vocab_ids"],
+        int(meta["vocab_size"]),
+    )
+    draft.load_state_dict(tensors)
+    draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe")}
+    draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return draft.attach(target)
+
+
+class DraftRunner:
+    """The draft's KV cache, preallocated for 448 positions; same interface as DecoderRunner."""
+
+    def __init__(self, draft: DistilledDraft, states: Tensor) -> None:
+        self.draft = draft
+        self.length = 0
+        B = states.shape[0]
+        with torch.inference_mode():
+            self.cross = draft.cross_kv(states)  # per layer K, V [B, H, S, dh]
+        shape = (B, draft.heads, N_TEXT_CTX, draft.d_model // draft.heads)
+        self.k = [states.new_zeros(shape) for _ in draft.layers]
+        self.v = [states.new_zeros(shape) for _ in draft.layers]
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, last: int) -> Tensor:
+        """tokens [B, T] at positions length … length+T-1 -> logits [B, last, V] (−inf off-vocabulary)."""
+        P, T = self.length, tokens.shape[1]
+        x = self.draft.embed(tokens, P)
+        mask = None
+        if T > 1:
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+        for layer, K, V, (ck, cv) in zip(self.draft.layers, self.k, self.v, self.cross):
+            k, v = layer.self_kv(x)
+            K[:, :, P : P + T] = k
+            V[:, :, P : P + T] = v
+            x = layer(x, K[:, :, : P + T], V[:, :, : P + T], ck, cv, mask)
+        self.length = P + T
+        return self.draft.full_logits(self.draft.head(x[:, -last:]))
+
+    def rollback(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def keep(self, rows: Tensor) -> None:
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+
+
+def describe(draft: DistilledDraft) -> str:
+    return json.dumps({"layers": len(draft.layers), "vocab": int(draft.vocab_ids.numel()), **draft.meta})

@@ -1,0 +1,116 @@
+"""Speculative vs autoregressive for one draft, on short clips and on a long recording.
+
+    python -m specasr.speedup_bench --model base --draft default --repeats 5
+
+One process, one run: (1) each LibriVox fixture as one 30 s window (`bench.run_bench`),
+(2) the long-form fixture (`longform_bench.long_recording`, the clips twice over with
+pauses, ~75 s) through the sequential long-form strategy with timestamps. Both interleave
+the autoregressive and speculative runs and report medians, so machine noise hits both
+alike. Long-form "end to end" is wall time from samples to segments (log-Mel, encoder,
+decoder, fallbacks); "decoder phase" is the summed decoding-loop time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+import click
+
+from specasr.options import DecodeOptions, TranscribeOptions
+from specasr.stats import DecodeStats
+
+
+def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
+    from specasr.longform_bench import SAMPLE_RATE
+    from specasr.transcribe import transcribe
+
+    ar_opts = replace(options, decode=replace(options.decode, mode="autoregressive"))
+
+    def run(opts):
+        t0 = time.perf_counter()
+        segments, info = transcribe(samples, pair, opts, source_rate=SAMPLE_RATE)
+        segments = list(segments)
+        return time.perf_counter() - t0, [s.tokens for s in segments], info.stats
+
+    run(ar_opts), run(options)  # warm-up
+    rows = {"ar": [], "spec": []}
+    identical = True
+    spec_stats = DecodeStats()
+    for _ in range(repeats):
+        ar, sp = run(ar_opts), run(options)
+        identical &= ar[1] == sp[1]
+        rows["ar"].append(ar)
+        rows["spec"].append(sp)
+        spec_stats = spec_stats.merge(sp[2])
+    med = {k: statistics.median(r[0] for r in v) for k, v in rows.items()}
+    dec = {k: statistics.median(r[2].decoder_s for r in v) for k, v in rows.items()}
+    ar_step = statistics.median(r[2].target_s / r[2].target_calls for r in rows["ar"])
+    draft_step = spec_stats.draft_s / max(1, spec_stats.draft_calls)
+    return {
+        "seconds": len(samples) / SAMPLE_RATE,
+        "ar_wall": med["ar"],
+        "spec_wall": med["spec"],
+        "ar_decoder": dec["ar"],
+        "spec_decoder": dec["spec"],
+        "alpha": spec_stats.acceptance_rate,
+        "token_alpha": spec_stats.token_acceptance,
+        "tokens_per_call": spec_stats.tokens_per_target_call,
+        "c": draft_step / ar_step,
+        "mean_gamma": sum(spec_stats.gammas) / max(1, len(spec_stats.gammas)),
+        "identical": identical,
+    }
+
+
+@click.command()
+@click.option("--model", default="base", show_default=True)
+@click.option("--draft", default="default", show_default=True)
+@click.option("--mode", default="exact", show_default=True)
+@click.option("--gamma", type=int, default=DecodeOptions.gamma, show_default=True)
+@click.option("--gamma-policy", default=DecodeOptions.gamma_policy, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
+)
+@click.option("--device", default="cpu", show_default=True)
+def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None:
+    from pathlib import Path
+
+    import torch
+
+    from specasr.bench import file_mels, run_bench
+    from specasr.longform_bench import long_recording
+    from specasr.models import load_pair
+
+    pair = load_pair(model, draft, device=device)
+    click.echo(
+        f"{model} + draft {pair.draft_name}, mode {mode}, γ {gamma_policy} from {gamma}, "
+        f"device {pair.device}, {torch.get_num_threads()} threads, {repeats} repeats, T = 0\n"
+    )
+    files = sorted(Path(data).glob("*.wav"))
+    opts = DecodeOptions(mode=mode, gamma=gamma, gamma_policy=gamma_policy)
+    report = run_bench(pair, file_mels(pair, files), opts, repeats=repeats)
+    click.echo(f"### {len(files)} LibriVox clips, one window each\n\n{report.table()}\n")
+    base = TranscribeOptions()
+    lf_opts = replace(base, decode=replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens))
+    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats)
+    rows = [
+        ("audio", f"{lf['seconds']:.1f} s"),
+        ("end to end, autoregressive (median, s)", f"{lf['ar_wall']:.2f}"),
+        ("end to end, speculative (median, s)", f"{lf['spec_wall']:.2f}"),
+        ("end-to-end speedup", f"{lf['ar_wall'] / lf['spec_wall']:.2f}×"),
+        ("decoder-phase speedup", f"{lf['ar_decoder'] / lf['spec_decoder']:.2f}×"),
+        ("α̂ per token (accepted / (accepted + rejected))", f"{lf['token_alpha']:.3f}"),
+        ("accepted / proposed", f"{lf['alpha']:.3f}"),
+        ("tokens per target call", f"{lf['tokens_per_call']:.2f}"),
+        ("mean γ", f"{lf['mean_gamma']:.2f}"),
+        ("cost ratio c", f"{lf['c']:.3f}"),
+        ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
+    ]
+    click.echo("### Long-form fixture, sequential strategy with timestamps\n")
+    click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Draft distillation: the synthetic corpus, and the recipe end to end on the real target."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib.resources import files
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from specasr.recipes import tts_corpus
+from specasr.recipes.distill_draft import DistillOptions, choose_vocabulary, distill
+
+EXAMPLE = files("specasr") / "assets" / "example.wav"
+
+
+def test_fortune_cleaning_and_held_out_exclusion(tmp_path):
+    (tmp_path / "quotes").write_text(
+        "A stitch in time saves nine, said the tailor to the king.\n%\n"
+        "<html> is not speech </html>\n%\n"
+        "Too short.\n%\n"
+        "  Whitespace   spread over\n  several lines is joined into one sentence\n%\n"
+        "The wandering knight rode slowly across the river at dawn today.\n"
+    )
+    (tmp_path / "quotes.dat").write_bytes(b"\x00\x01")  # strfile index: not text, skipped
+    kept = tts_corpus.load_texts([], root=tmp_path)
+    assert "Whitespace spread over several lines is joined into one sentence" in kept
+    assert not any("<html>" in t or t == "Too short." for t in kept)
+    held_out = ["the wandering knight rode slowly across the plains"]  # shares a 5-word run
+    kept2 = tts_corpus.load_texts(held_out, root=tmp_path)
+    assert len(kept2) == len(kept) - 1
+    assert not any("wandering knight" in t for t in kept2)
+
+
+def test_corpus_windows_are_speech_within_30_s_and_resumable(tmp_path):
+    opts = tts_corpus.CorpusOptions(windows=3, seed=7, workers=1, festival_share=0.0, flite_share=0.5)
+    assert tts_corpus.missing_tools(opts) == [], "CI installs espeak-ng, flite and fortunes (.ci/run)"
+    tts_corpus.make_corpus(tmp_path, opts)
+    records = [json.loads(x) for x in (tmp_path / "corpus.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["w000000", "w000001", "w000002"]
+    for r in records:
+        audio, rate = sf.read(tmp_path / f"{r['id']}.wav", dtype="float32")
+        assert rate == 16000 and 1.0 < len(audio) / rate <= 30.0
+        assert np.abs(audio).max() > 0.05 and r["texts"] and len(r["voices"]) == len(r["texts"])
+    stamp = (tmp_path / "w000000.wav").stat().st_mtime_ns
+    tts_corpus.make_corpus(tmp_path, opts)  # everything present: nothing redone
+    assert len((tmp_path / "corpus.jsonl").read_text().splitlines()) == 3
+    assert (tmp_path / "w000000.wav").stat().st_mtime_ns == stamp
+
+
+def test_vocabulary_keeps_eot_timestamps_and_frequent_tokens(base_pair):
+    tok = base_pair.tokenizer
+    labels = [[440, 440, 440, 9999, 50364, 50400], [9999, 30000]]
+    ids = choose_vocabulary(base_pair, labels, 2048).tolist()
+    assert len(ids) == 2048 and ids == sorted(ids)
+    assert {tok.eot, 440, 9999, 30000} <= set(ids)
+    assert set(range(tok.timestamp_begin, base_pair.vocab_size)) <= set(ids)
+    assert not set(base_pair.suppress_tokens) & set(ids)
+
+
+@pytest.mark.slow
+def test_distill_end_to_end_resumes_and_yields_an_exact_draft(base_pair, tmp_path):
+    """Two windows, two training steps: the mechanics (labels, teacher, training, file,
+    resume, loading, exactness), not the quality of the draft."""
+    from dataclasses import replace
+
+    from specasr.models import load_draft
+    from specasr.options import DecodeOptions
+    from specasr.transcribe import transcribe_clip
+
+    audio_dir = tmp_path / "audio"
+    audio_dir.mkdir()
+    shutil.copy(EXAMPLE, audio_dir / "a.wav")
+    x, _ = sf.read(EXAMPLE, dtype="float32")
+    sf.write(audio_dir / "b.flac", x[::-1].copy() * 0.5 + x * 0.5, 16000)  # a second, different window
+    (audio_dir / "broken.wav").write_bytes(b"RIFF not really")
+    opts = DistillOptions(epochs=1, batch_size=1, holdout=0.5, label_batch=2, vocab=2048, checkpoint_every=1)
+    out, work = tmp_path / "d.safetensors", tmp_path / "work"
+    logs = []
+    summary = distill(base_pair, audio_dir, out, work, opts, log=logs.append)
+    assert summary["windows"] == 2 and summary["vocab"] == 2048
+    assert [h["step"] for h in summary["history"]] == [0, 1]
+    shard = work / "labels" / "00000.pt"
+    stamp = shard.stat().st_mtime_ns
+    assert 0 < out.stat().st_size < 25e6
+    distill(base_pair, audio_dir, out, work, opts, log=logs.append)  # resumes: nothing relabelled
+    assert shard.stat().st_mtime_ns == stamp
+    assert any("resumed from step 1" in line for line in logs)
+
+    draft = load_draft(out, base_pair.target, torch.float32, torch.device("cpu"))
+    pair = replace(base_pair, draft=draft, shared_encoder=True, draft_name=str(out))
+    opts = DecodeOptions(mode="exact")
+    ar = transcribe_clip(pair, str(EXAMPLE), replace(opts, mode="autoregressive"))
+    sp = transcribe_clip(pair, str(EXAMPLE), opts)
+    assert sp.tokens == ar.tokens and sp.stats.proposed > 0

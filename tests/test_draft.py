@@ -1,0 +1,122 @@
+"""The distilled-draft module: lean runner equals the target's maths, reduced vocabulary,
+files, loading, and exactness of speculative decoding with a reduced-vocabulary draft."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specasr.decoding import DecoderRunner, decode
+from specasr.draft import DistilledDraft, is_draft_file, load_draft
+from specasr.options import DecodeOptions
+from specasr.testing import random_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_tiny_pair(seed=3)
+
+
+def _states(pair, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mel = torch.randn(2, 80, 3000, generator=g)
+    return pair.encode(mel)[0]  # [2, 1500, 64]
+
+
+def test_full_copy_reproduces_the_target_incrementally_and_teacher_forced(tiny):
+    t = tiny.target
+    V = t.config.vocab_size
+    draft = DistilledDraft.from_target(t, tuple(range(t.config.decoder_layers)), torch.arange(V)).attach(t)
+    states = _states(tiny)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
+    with torch.inference_mode():
+        ref = DecoderRunner(t, states)(tokens, tokens.shape[1])  # [2, 9, V]
+        runner = draft.runner(states)
+        parts = [runner(tokens[:, :4], 4), runner(tokens[:, 4:5], 1), runner(tokens[:, 5:], 4)]
+        forced = draft(tokens, draft.cross_kv(states))
+    torch.testing.assert_close(torch.cat(parts, 1), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(forced, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_reduced_vocabulary_rollback_and_keep(tiny):
+    t = tiny.target
+    ids = torch.tensor(sorted({tiny.tokenizer.eot, *range(0, 3000, 3), *range(50364, 51865)}))
+    draft = DistilledDraft.from_target(t, (0,), ids).attach(t)
+    states = _states(tiny, 1)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068], [50258, 50259, 50359, 50363, 11, 12]])
+    with torch.inference_mode():
+        fresh = draft.runner(states)(tokens, 6)
+        r = draft.runner(states)
+        r(tokens[:, :5], 1)
+        r(torch.tensor([[7], [8]]), 1)  # a rejected proposal ...
+        r.rollback(5)  # ... rolled back
+        again = r(tokens[:, 5:], 1)
+        r.keep(torch.tensor([1]))
+        r.rollback(4)
+        row1 = r(tokens[1:, 4:], 2)
+    torch.testing.assert_close(again, fresh[:, 5:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(row1, fresh[1:, 4:], rtol=1e-5, atol=1e-5)
+    outside = torch.ones(fresh.shape[-1], dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isneginf(fresh[..., outside]).all()
+    assert torch.isfinite(fresh[..., ids]).all()
+
+
+def test_save_load_round_trip_and_refusals(tiny, tmp_path):
+    t = tiny.target
+    ids = torch.arange(0, 51865, 7)
+    draft = DistilledDraft.from_target(t, (1, 0), ids).attach(t)
+    path = tmp_path / "d.safetensors"
+    draft.save(path, target="random")
+    assert is_draft_file(path)
+    loaded = load_draft(path, t, torch.float32, torch.device("cpu"))
+    assert loaded.meta["target"] == "random" and loaded.meta["init_layers"] == "1,0"
+    assert torch.equal(loaded.vocab_ids, ids)
+    states = _states(tiny, 2)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363]] * 2)
+    with torch.inference_mode():
+        a, b = draft.runner(states)(tokens, 4), loaded.runner(states)(tokens, 4)
+    torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)  # weights stored in fp16
+    other = random_tiny_pair(seed=5).target
+    other.config.d_model = 80
+    with pytest.raises(ValueError, match="d_model"):
+        loaded.attach(other)
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    assert not is_draft_file(tmp_path / "plain.safetensors")
+    with pytest.raises(ValueError, match="not a specasr draft"):
+        load_draft(tmp_path / "plain.safetensors", t, torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_speculative_with_reduced_vocabulary_draft_is_exact(tiny, timestamps):
+    """A random draft whose vocabulary misses most of the target's choices: every miss is a
+    rejection, and the output must still equal target-only greedy decoding."""
+    t = tiny.target
+    ids = torch.tensor(sorted({tiny.tokenizer.eot, *range(0, 51865, 2)}))
+    pair = replace(tiny, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(4))
+    opts = DecodeOptions(
+        mode="exact", timestamps=timestamps, max_new_tokens=40, gamma_policy="fixed", gamma=3
+    )
+    ar = decode(pair, mel, replace(opts, mode="autoregressive"))
+    for mode in ("baseline", "exact"):
+        spec = decode(pair, mel, replace(opts, mode=mode))
+        assert [r.tokens for r in spec] == [r.tokens for r in ar]
+        assert spec[0].stats.proposed > 0
+
+
+def test_a_perfect_draft_is_never_rejected_and_per_token_alpha_is_one(tiny):
+    """A full copy of the target as the draft: every reached proposal is accepted, so the
+    per-token α̂ is 1 while accepted / proposed stays below 1 only through end-of-text cuts."""
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, tuple(range(t.config.decoder_layers)), torch.arange(51865))
+    pair = replace(tiny, draft=draft.attach(t), shared_encoder=True)
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(9))
+    opts = DecodeOptions(mode="exact", max_new_tokens=30, gamma_policy="fixed", gamma=4)
+    st = decode(pair, mel, opts)[0].stats
+    assert st.accepted > 0 and st.rejected == 0 and st.token_acceptance == 1.0
+    assert st.tokens_per_target_call > 3.0

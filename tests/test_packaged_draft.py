@@ -1,0 +1,73 @@
+"""The distilled draft shipped for `base`: the preset's default, exact on every fixture.
+
+The LibriVox clips and the long-form recording built from them were held out of its
+training (docs/distill.md), so its acceptance rate here is a held-out measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specasr.decoding import decode
+from specasr.draft import DistilledDraft
+from specasr.longform_bench import long_recording
+from specasr.models import PRESETS, packaged_draft
+from specasr.options import DecodeOptions, TranscribeOptions
+from specasr.stats import DecodeStats
+from specasr.transcribe import transcribe
+
+
+@pytest.fixture(scope="module")
+def shipped(base_pair):
+    from specasr.draft import load_draft
+
+    draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    return replace(base_pair, draft=draft, shared_encoder=True, draft_name="packaged:base")
+
+
+def test_the_base_preset_ships_a_small_distilled_draft():
+    assert PRESETS["base"].draft == "packaged:base"
+    path = packaged_draft("base")
+    assert path.stat().st_size <= 25 * 2**20  # fp16, the draft's own weights only
+    from specasr.models import load_pair
+
+    pair = load_pair("base", device="cpu")
+    assert isinstance(pair.draft, DistilledDraft) and pair.shared_encoder
+    assert pair.draft.meta["target"] == "base" and len(pair.draft.layers) == 2
+
+
+def test_shipped_draft_is_exact_on_the_librivox_clips(shipped, librivox, librivox_mels):
+    total = DecodeStats()
+    for clip in librivox:
+        mel = librivox_mels[clip.id]
+        ar = decode(shipped, mel, DecodeOptions(mode="autoregressive"))[0]
+        for mode in ("baseline", "exact"):
+            sp = decode(shipped, mel, DecodeOptions(mode=mode))[0]
+            assert sp.tokens == ar.tokens, (clip.id, mode)
+            total = total.merge(sp.stats)
+    # Deterministic at T = 0 (fixed weights): a regression guard a little under the 0.85 goal,
+    # so that another CPU's rounding cannot flip it; the measured value is in docs/benchmarks.md.
+    assert total.acceptance_rate >= 0.8, total.acceptance_rate
+    assert total.tokens_per_target_call > 2.5
+
+
+def test_shipped_draft_is_exact_on_the_long_form_fixture(shipped, librivox):
+    rec = long_recording(librivox[0].path.parent)
+    base = TranscribeOptions()
+    runs = {}
+    for mode in ("autoregressive", "exact"):
+        opts = replace(base, decode=replace(base.decode, mode=mode))
+        segments, info = transcribe(rec.samples, shipped, opts, source_rate=16000)
+        runs[mode] = ([s.tokens for s in segments], info.stats)
+    assert runs["exact"][0] == runs["autoregressive"][0]
+    assert runs["exact"][1].acceptance_rate >= 0.75
+
+
+def test_shipped_draft_samples_identically_in_baseline_and_exact(shipped, librivox_mels, librivox):
+    mel = librivox_mels[librivox[0].id]
+    opts = DecodeOptions(temperature=1.0, seed=11)
+    a = decode(shipped, mel, replace(opts, mode="baseline"))[0]
+    b = decode(shipped, mel, replace(opts, mode="exact"))[0]
+    assert a.tokens == b.tokens and a.stats.proposed > 0

@@ -43,7 +43,7 @@ WINDOW = 16000 * 30
 @dataclass(frozen=True)
 class DistillOptions:
     layers: tuple[int, ...] = (0, -1)  # target decoder layers the draft starts from (-1 = last)
-    vocab: int = 4096  # draft output vocabulary (0 = the full vocabulary)
+    vocab: int = 16384  # draft output vocabulary (0 = the full vocabulary)
     epochs: int = 6
     batch_size: int = 16
     lr: float = 5e-4

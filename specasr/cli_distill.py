@@ -64,7 +64,7 @@ def _layers(value: str) -> tuple[int, ...]:
     "--work", "work_dir", required=True, type=click.Path(file_okay=False), help="Cache / resume dir."
 )
 @click.option("--layers", default="0,-1", show_default=True, help="Target decoder layers to start from.")
-@click.option("--vocab", type=int, default=4096, show_default=True, help="Draft vocabulary (0 = full).")
+@click.option("--vocab", type=int, default=16384, show_default=True, help="Draft vocabulary (0 = full).")
 @click.option("--epochs", type=int, default=6, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--lr", type=float, default=5e-4, show_default=True)

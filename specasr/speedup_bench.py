@@ -63,6 +63,33 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
     }
 
 
+def step_costs(pair, mel, ks=(1, 2, 4, 6, 8), repeats: int = 20) -> dict:
+    """Median ms of one target pass over k new tokens (decoder + output projection), for each
+    k, and of one draft step: the verification cost curve the theory assumes flat."""
+    import torch
+
+    from specasr.decoding import DecoderRunner, make_runner
+
+    target_states, draft_states = pair.encode(mel)
+    prefix = torch.tensor([pair.tokenizer.sot_sequence("en", "transcribe", False)], device=pair.device)
+    new = torch.tensor([pair.tokenizer.encode(" one two three four five six seven eight nine")[:8]])
+
+    def median_ms(runner, k: int) -> float:
+        runner(prefix, 1)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runner(new[:, :k].to(pair.device), k)
+            times.append(time.perf_counter() - t0)
+            runner.rollback(prefix.shape[1])
+        return 1e3 * statistics.median(times)
+
+    out = {f"target k={k}": median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
+    if pair.draft is not None:
+        out["draft step"] = median_ms(make_runner(pair.draft, draft_states), 1)
+    return out
+
+
 @click.command()
 @click.option("--model", default="base", show_default=True)
 @click.option("--draft", default="default", show_default=True)
@@ -92,6 +119,9 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
     opts = DecodeOptions(mode=mode, gamma=gamma, gamma_policy=gamma_policy)
     report = run_bench(pair, file_mels(pair, files), opts, repeats=repeats)
     click.echo(f"### {len(files)} LibriVox clips, one window each\n\n{report.table()}\n")
+    costs = step_costs(pair, file_mels(pair, files[:1])[0])
+    click.echo("### Step costs (median ms)\n\n| pass | ms |\n|---|---|")
+    click.echo("\n".join(f"| {k} | {v:.1f} |" for k, v in costs.items()) + "\n")
     base = TranscribeOptions()
     lf_opts = replace(base, decode=replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens))
     lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats)

@@ -37,7 +37,7 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def base():
-    return load_pair("base", device="cpu")
+    return load_pair("base", "self:2", device="cpu")  # the default draft is tested in test_packaged_draft
 
 
 @pytest.fixture(scope="module")

@@ -237,9 +237,12 @@ class _Batch:
     def summary(self) -> str:
         wall = time.perf_counter() - self.t0
         rtf = wall / self.audio_s if self.audio_s else 0.0
-        alpha = f"{self.total.acceptance_rate:.3f}" if self.total.proposed else "n/a"
+        t = self.total
+        alpha = "n/a"
+        if t.proposed:
+            alpha = f"{t.token_acceptance:.3f} (accepted/proposed {t.acceptance_rate:.3f})"
         return (
             f"files: {self.done} done, {self.skipped} skipped, {self.failed} failed; "
             f"audio {self.audio_s:.1f} s, wall {wall:.1f} s, real-time factor {rtf:.3f}, "
-            f"acceptance rate {alpha}"
+            f"α̂ per token {alpha}"
         )

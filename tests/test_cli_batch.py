@@ -69,7 +69,8 @@ def test_format_all_writes_every_format(librivox, tmp_path):
     doc = json.loads((out / f"{clip.path.stem}.json").read_text())
     jsonschema.validate(doc, JSON_SCHEMA)
     assert doc["stats"]["proposed"] > 0 and doc["info"]["draft"] == "self:2"
-    assert "α̂=" in result.stderr and re.search(r"acceptance rate 0\.\d{3}", result.stderr)
+    assert "α̂=" in result.stderr
+    assert re.search(r"α̂ per token 0\.\d{3} \(accepted/proposed 0\.\d{3}\)", result.stderr)
 
 
 def test_one_file_without_output_dir_prints_the_format(librivox):

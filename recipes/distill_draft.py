@@ -96,6 +96,19 @@ def _windows(files: list[Path], limit: int | None):
                     return
 
 
+def _batches(items, size: int):
+    """Consecutive lists of `size` items (the last may be shorter), lazily: the audio of a
+    large directory is never all in memory at once."""
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 @torch.inference_mode()
 def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Path]:
     """Stage 1; writes work/labels/NNNNN.pt shards {names, states [b,1500,d] fp16, tokens, timestamps}."""
@@ -105,12 +118,12 @@ def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Pat
 
     out = work / "labels"
     out.mkdir(parents=True, exist_ok=True)
-    windows = list(_windows(files, opts.max_windows))
-    batches = [windows[i : i + opts.label_batch] for i in range(0, len(windows), opts.label_batch)]
     rng = random.Random(opts.seed)
-    flags = [rng.random() < opts.timestamps_share for _ in batches]
     shards, dropped = [], 0
-    for i, (batch, ts) in enumerate(tqdm(list(zip(batches, flags)), desc="label", unit="batch")):
+    for i, batch in enumerate(
+        tqdm(_batches(_windows(files, opts.max_windows), opts.label_batch), desc="label", unit="batch")
+    ):
+        ts = rng.random() < opts.timestamps_share  # drawn for every batch, so resumes see the same flags
         shard = out / f"{i:05d}.pt"
         shards.append(shard)
         if shard.is_file():
@@ -177,8 +190,9 @@ class Example:
 
 
 @torch.inference_mode()
-def teacher(pair, shards: list[Path], vocab_ids: torch.Tensor, opts: DistillOptions):
-    """Stage 2 -> (states [n,1500,d] fp16, examples). One batched teacher-forced pass per shard."""
+def teacher(pair, records: list[dict], vocab_ids: torch.Tensor, opts: DistillOptions):
+    """Stage 2: label shards (as `label` wrote them) -> (states [n,1500,d] fp16, examples).
+    One batched teacher-forced pass per shard."""
     from specasr.decoding import start_sequence
     from specasr.filters import apply_filters, build_filters
     from specasr.options import DecodeOptions
@@ -189,7 +203,6 @@ def teacher(pair, shards: list[Path], vocab_ids: torch.Tensor, opts: DistillOpti
     cols = vocab_ids.to(pair.device)
     rng = random.Random(opts.seed + 1)
     states, examples = [], []
-    records = [torch.load(s) for s in shards]
     all_tokens = [t for r in records for t in r["tokens"]]
     for rec in tqdm(records, desc="teacher", unit="shard"):
         ts, seqs, begins = rec["timestamps"], [], []
@@ -388,7 +401,8 @@ def distill(
     shards = label(pair, audio_files(audio_dir), work, opts)
     if stop_after == "label":
         return {"shards": len(shards)}
-    token_lists = [t for s in shards for t in torch.load(s)["tokens"]]
+    records = [torch.load(s) for s in shards]  # loaded once: they hold the encoder states
+    token_lists = [t for r in records for t in r["tokens"]]
     if not token_lists:
         raise RuntimeError("no usable windows: every window was unreadable or looped")
     vocab_ids = choose_vocabulary(pair, token_lists, opts.vocab)
@@ -411,8 +425,9 @@ def distill(
     if cached is not None and cached["key"] == key:
         states, examples = cached["states"], cached["examples"]
     else:
-        states, examples = teacher(pair, shards, vocab_ids, opts)
+        states, examples = teacher(pair, records, vocab_ids, opts)
         _save_checkpoint(cache, key=key, states=states, examples=examples)
+    del records
     if stop_after == "teacher":
         return {"examples": len(examples)}
     draft, history = train(pair, states, examples, vocab_ids, work, opts, log)

@@ -21,7 +21,6 @@ File format: safetensors with the draft's own tensors (fp16) and metadata
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -68,30 +67,33 @@ class DraftLayer(nn.Module):
 
     def forward(
         self,
-        x: Tensor,  # [B, T, d]
-        self_k: Tensor,  # [B, H, P+T, dh]: keys of positions 0 … P+T-1 (this block's written in)
-        self_v: Tensor,
+        x: Tensor,  # [B, T, d] at positions start … start+T-1
         cross_k: Tensor,  # [B, H, S, dh]
         cross_v: Tensor,
-        mask: Tensor | None,  # [T, P+T] bool (True = attend) or None when T == 1
-        new_kv: tuple[Tensor, Tensor] | None = None,
+        mask: Tensor | None,  # [T, start+T] bool (True = attend), or None when T == 1
+        cache: tuple[Tensor, Tensor] | None = None,  # preallocated self-attention K, V [B, H, 448, dh]
+        start: int = 0,
     ) -> Tensor:
-        scale = self.dh**-0.5
+        """One layer. With a cache, this block's keys and values are written at positions
+        start … start+T-1 and attention reads positions 0 … start+T-1; without one (teacher
+        forcing from position 0) it attends over the block itself."""
+        T, scale = x.shape[1], self.dh**-0.5
         a = self.self_attn
-        h = self.self_attn_layer_norm(x)
+        h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
+        k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
+        if cache is not None:
+            K, V = cache
+            K[:, :, start : start + T] = k
+            V[:, :, start : start + T] = v
+            k, v = K[:, :, : start + T], V[:, :, : start + T]
         q = self._split(a.q_proj(h) * scale)
-        y = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=mask, scale=1.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
         c = self.encoder_attn
         q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
         y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
         x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
-
-    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of this layer's self-attention for inputs x [B, T, d] -> [B, H, T, dh]."""
-        h = self.self_attn_layer_norm(x)
-        return self._split(self.self_attn.k_proj(h)), self._split(self.self_attn.v_proj(h))
 
 
 class DistilledDraft(nn.Module):
@@ -126,14 +128,6 @@ class DistilledDraft(nn.Module):
         }
         return self
 
-    @property
-    def config(self):  # the few fields callers read off a Hugging Face model
-        from types import SimpleNamespace
-
-        return SimpleNamespace(
-            vocab_size=self.vocab_size, d_model=self.d_model, decoder_layers=len(self.layers)
-        )
-
     def embed(self, tokens: Tensor, start: int) -> Tensor:
         """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
         sh = self._shared
@@ -160,8 +154,7 @@ class DistilledDraft(nn.Module):
         T = tokens.shape[1]
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         for layer, (ck, cv) in zip(self.layers, cross):
-            k, v = layer.self_kv(x)
-            x = layer(x, k, v, ck, cv, mask)
+            x = layer(x, ck, cv, mask)
         return self.head(x)
 
     def runner(self, states: Tensor) -> DraftRunner:
@@ -266,10 +259,7 @@ class DraftRunner:
         if T > 1:
             mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
         for layer, K, V, (ck, cv) in zip(self.draft.layers, self.k, self.v, self.cross):
-            k, v = layer.self_kv(x)
-            K[:, :, P : P + T] = k
-            V[:, :, P : P + T] = v
-            x = layer(x, K[:, :, : P + T], V[:, :, : P + T], ck, cv, mask)
+            x = layer(x, ck, cv, mask, cache=(K, V), start=P)
         self.length = P + T
         return self.draft.full_logits(self.draft.head(x[:, -last:]))
 
@@ -280,7 +270,3 @@ class DraftRunner:
         self.k = [k[rows] for k in self.k]
         self.v = [v[rows] for v in self.v]
         self.cross = [(k[rows], v[rows]) for k, v in self.cross]
-
-
-def describe(draft: DistilledDraft) -> str:
-    return json.dumps({"layers": len(draft.layers), "vocab": int(draft.vocab_ids.numel()), **draft.meta})

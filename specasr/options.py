@@ -18,7 +18,7 @@ class DecodeOptions:
     mode: str = "exact"  # autoregressive (target only) | baseline | exact | sigmoid verifier
     temperature: float = 0.0  # 0 = greedy; > 0 samples from softmax(logits / T)
     gamma: int = 5  # draft tokens per step: the fixed value, or the adaptive start
-    gamma_policy: str = "analytic"  # fixed | adaptive (+2 / -1 heuristic) | analytic (measured α, costs)
+    gamma_policy: str = "adaptive"  # fixed | adaptive (+2 / -1 heuristic) | analytic (measured α, costs)
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)
     task: str = "transcribe"  # transcribe | translate

@@ -31,6 +31,7 @@ Bytes moved per call (s = logit itemsize; lower bound B(2G+1)V·s, every logit r
   fp32 for every row, about B(2G+1)V·(s + 16) bytes.
 """
 
+import numpy as np
 import torch
 
 from ._common import (
@@ -43,7 +44,7 @@ from ._common import (
     tl,
     triton,
 )
-from .reference import accepted_count, greedy, noise_at, sample_residual
+from .reference import accepted_count, noise_at, sample_residual
 
 BLOCK_LSE = 4096  # vocabulary tile of the read-everything kernels (launch 1, greedy)
 BLOCK_RES = 2048  # vocabulary tile of the residual kernel: more programs for one row at B = 1
@@ -66,9 +67,14 @@ def exact_torch(
     the ratio test needs u at the drafted tokens and the row sums, and row n's p and q are
     u / sum. Target and draft rows share one reduction, so p == q stays bitwise exact when
     their logits are equal. Every row must have a finite logit (a sampled row always does).
+
+    On CPU the draw from row n is per batch row with host scalars (reading n costs nothing
+    there): the race is over w / a = u_t − (a_d / a_t) u_d, one pass, with a_t = 1/Σu_t and
+    a_d = 1/Σu_d; scaling w by 1/a_t changes no argmax. Elsewhere it stays vectorised, with
+    no host synchronisation.
     """
     if temperature == 0:
-        return greedy(target_logits, draft_tokens)
+        return greedy_fast(target_logits, draft_tokens)
     B, G = draft_tokens.shape
     V = target_logits.shape[-1]
     u = torch.empty(B, 2 * G + 1, V, dtype=torch.float32, device=target_logits.device)
@@ -83,11 +89,62 @@ def exact_torch(
     at_tok = u.gather(-1, torch.cat([tok, tok[:, :1], tok], dim=1)).squeeze(-1) * inv_sum  # [B, 2G+1]
     p_tok, q_tok = at_tok[:, :G], at_tok[:, G + 1 :]  # [B, G] p_i(d_i), q_i(d_i)
     n = accepted_count(uniforms <= p_tok / q_tok)  # [B]
+    if u.device.type == "cpu":
+        return n, _draw_cpu(u, inv_sum, n, noise, G)
     rows = torch.arange(B, device=u.device)
     p_n = u[rows, n] * inv_sum[rows, n, None]  # [B, V]
     d_row = G + 1 + n.clamp(max=G - 1)  # draft row n (any draft row when n = G: zeroed)
     q_n = u[rows, d_row] * (inv_sum[rows, d_row] * (n < G).float())[:, None]  # [B, V]; q_G := 0
     return n, sample_residual(p_n, q_n, noise_at(noise, n))
+
+
+def _draw_cpu(
+    u: torch.Tensor,  # [B, 2G+1, V] exp(z − max z), overwritten
+    inv_sum: torch.Tensor,  # [B, 2G+1]
+    n: torch.Tensor,  # [B]
+    noise: torch.Tensor,  # [B, V] or [B, G+1, V]
+    G: int,
+) -> torch.Tensor:
+    """`sample_residual` on CPU, one batch row at a time: [B] int64, the same draw.
+
+    Three passes over V per row (subtract, divide, argmax) where the vectorised form takes
+    about eight, and no row copies: row n is a view of u.
+    """
+    inv = inv_sum.tolist()
+    tokens = []
+    for b, n_b in enumerate(n.tolist()):
+        e = (noise[b] if noise.dim() == 2 else noise[b, n_b]).float()  # [V] Exp(1)
+        p_row = u[b, n_b]  # [V] ∝ p_n
+        if n_b == G:  # bonus token: the residual is p_G itself
+            tokens.append(int(_first_argmax(p_row.div_(e))))
+            continue
+        d = G + 1 + n_b
+        race = torch.add(p_row, u[b, d], alpha=-(inv[b][d] / inv[b][n_b])).div_(e)  # [V] ∝ (p − q) / E
+        i = int(_first_argmax(race))
+        if not race[i] > 0:  # max(0, p − q) ≡ 0 (p == q): draw from p_n instead
+            i = int(_first_argmax(p_row / e))
+        tokens.append(i)
+    return torch.tensor(tokens, dtype=torch.long)
+
+
+def _first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension, first maximal index on ties: [..., V] -> [...] int64.
+
+    On CPU, numpy's argmax is several times faster than torch's (about 8 µs against 97 µs for
+    one 51865-wide fp32 row on the dev box) and has the same semantics: first maximal index,
+    NaN counts as maximal. bf16 has no numpy dtype, and other devices keep torch's.
+    """
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16) or x.requires_grad:
+        return torch.argmax(x, dim=-1)
+    return torch.from_numpy(np.ascontiguousarray(x.numpy().argmax(axis=-1))).long()
+
+
+def greedy_fast(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.greedy` with the faster CPU argmax: same (n, next_token) bit for bit."""
+    G = draft_tokens.shape[1]
+    best = _first_argmax(target_logits).to(draft_tokens.device)  # [B, G+1]
+    n = (draft_tokens == best[:, :G]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    return n, best.gather(1, n[:, None]).squeeze(1)
 
 
 @triton.jit

@@ -33,6 +33,19 @@ def test_exact_torch_equals_baseline(B, G, V):
         assert n.dtype == nxt.dtype == torch.int64 and ((0 <= n) & (n <= G)).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_cpu_argmax_matches_torch(dtype):
+    """The numpy argmax behind exact's CPU path picks torch's index: ties to the lowest id,
+    −inf rows, NaN as maximal, strided views."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 4, (6, 51865), generator=g).to(dtype)  # many ties per row
+    x[1] = float("-inf")
+    x[2, 17] = float("nan")
+    x[3, ::5] = float("-inf")
+    for view in (x, x[:, 1:], x[::2], x.T.contiguous().T):
+        assert torch.equal(exact._first_argmax(view), torch.argmax(view, dim=-1)), view.stride()
+
+
 def test_random_batches_exercise_every_branch():
     """The equality grid is not vacuous: n spans rejection at 0, in the middle, and all accepted."""
     seen = set()

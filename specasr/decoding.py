@@ -28,6 +28,8 @@ from torch import Tensor
 from specasr import kernels
 from specasr.filters import LogitFilter, apply_filters, build_filters
 from specasr.gamma import make_policy
+from specasr.kernels.exact import first_argmax
+from specasr.lean_decoder import LeanDecoder, LeanRunner, lean_decoder
 from specasr.options import DecodeOptions
 from specasr.stats import DecodeStats, timed
 
@@ -101,12 +103,19 @@ class DecoderRunner:
         self.cache.batch_select_indices(rows)
         self.states = self.states[rows]
 
+    def cache_prefix(self) -> list[Tensor]:
+        """Per layer the self-attention K and V [B, H, length, dh] (for tests)."""
+        return [t for layer in self.cache.self_attention_cache.layers for t in (layer.keys, layer.values)]
+
 
 def make_runner(model, encoder_states: Tensor):
-    """The decoder loop for a model: a distilled draft brings its own lean runner
-    (`specasr.draft.DraftRunner`); Hugging Face models get `DecoderRunner`."""
+    """The decoder loop for a model: a distilled draft brings its own lean runner; a Whisper
+    model in fp32 on CPU gets `LeanRunner` over its `LeanDecoder` view (same function, faster
+    products); anything else gets `DecoderRunner` around the Hugging Face module."""
     if hasattr(model, "runner"):
         return model.runner(encoder_states)
+    if LeanDecoder.supports(model):
+        return LeanRunner(lean_decoder(model), encoder_states)
     return DecoderRunner(model, encoder_states)
 
 
@@ -114,7 +123,7 @@ def _pick(logits: Tensor, temperature: float, gen: torch.Generator) -> Tensor:
     """logits [N, V] -> tokens [N]: argmax at T = 0, else the exponential race
     argmax(softmax(l/T) / E), E ~ Exp(1), an exact sample from softmax(l/T)."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return first_argmax(logits)
     noise = torch.empty(logits.shape, device=logits.device, dtype=torch.float32).exponential_(generator=gen)
     noise.clamp_(min=torch.finfo(torch.float32).tiny)  # an Exp(1) draw of exactly 0 must not win
     return (logits.float() / temperature - noise.log()).argmax(dim=-1)
@@ -138,7 +147,7 @@ def detect_language(pair, target_states: Tensor) -> list[str]:
     tok = pair.tokenizer
     if not tok.multilingual:
         return ["en"] * target_states.shape[0]
-    runner = DecoderRunner(pair.target, target_states)
+    runner = make_runner(pair.target, target_states)
     sot = torch.full((target_states.shape[0], 1), tok.sot, device=target_states.device)
     logits = runner(sot, 1)[:, -1].float()  # [B, V]
     codes, ids = zip(*tok.language_tokens.items())
@@ -264,7 +273,7 @@ class _Loop:
         self.seqs = [list(self.init) for _ in range(B)]
         self.sum_logprob = [0.0] * B
         self.no_speech = [math.nan] * B
-        target = DecoderRunner(self.pair.target, target_states)
+        target = make_runner(self.pair.target, target_states)
         draft = None if draft_states is None else make_runner(self.pair.draft, draft_states)
         policy = make_policy(self.opts.gamma_policy, self.opts.gamma, self.opts.gamma_max)
         active = list(range(B))

@@ -10,9 +10,10 @@ of them are stored with the draft), and owns only:
   verifier only needs q(d) > 0 for the drafted token d, and the residual max(p − q, 0)
   then gives those tokens their full target mass (exact at every temperature).
 
-`DraftRunner` is a lean, preallocated-KV-cache decoder loop with the interface of
+It runs in `lean_decoder.LeanRunner`, a preallocated-KV-cache loop with the interface of
 `decoding.DecoderRunner` (call, rollback, keep), so a draft step costs its arithmetic plus
-a few dozen kernel launches, not a Hugging Face module tree.
+a few dozen kernel launches, not a Hugging Face module tree. On CPU `quantize_int8` makes
+its products int8 (lossy: it moves α, never the output).
 
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
@@ -28,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specasr.cpu_linear import Int8Linear, swap_linears
+from specasr.lean_decoder import LeanRunner
+
 FORMAT = "specasr-draft"
 VERSION = 1
-N_TEXT_CTX = 448
 
 
 class _Attention(nn.Module):
@@ -106,7 +109,8 @@ class DistilledDraft(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model)
         self.register_buffer("vocab_ids", vocab_ids.long().clone())  # [N]
         self.meta: dict[str, str] = {}
-        self._shared: dict[str, Tensor] = {}  # embed [V, d], positions [448, d], head [N, d]
+        self._shared: dict[str, Tensor] = {}  # embed [V, d], positions [448, d], head [d, N]
+        self._head_int8: Int8Linear | None = None
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -135,6 +139,8 @@ class DistilledDraft(nn.Module):
 
     def head(self, x: Tensor) -> Tensor:
         """x [B, T, d] -> logits over the draft's vocabulary [B, T, N]."""
+        if self._head_int8 is not None:
+            return self._head_int8(self.layer_norm(x))
         return self.layer_norm(x) @ self._shared["head"]
 
     def full_logits(self, sub: Tensor) -> Tensor:
@@ -157,8 +163,24 @@ class DistilledDraft(nn.Module):
             x = layer(x, ck, cv, mask)
         return self.head(x)
 
-    def runner(self, states: Tensor) -> DraftRunner:
-        return DraftRunner(self, states)
+    def logits(self, x: Tensor) -> Tensor:
+        """x [B, T, d] -> logits [B, T, V], −inf off the draft's vocabulary (`LeanRunner`'s hook)."""
+        return self.full_logits(self.head(x))
+
+    def runner(self, states: Tensor) -> LeanRunner:
+        return LeanRunner(self, states)
+
+    def quantize_int8(self) -> DistilledDraft:
+        """Inference on CPU with int8 weights (`cpu_linear.Int8Linear`): lossy, which moves the
+        acceptance rate but never the transcript. Attach first; no training afterwards."""
+        if not self._shared:
+            raise RuntimeError("attach the draft to its target before quantizing it")
+        if self.layer_norm.weight.device.type != "cpu":
+            raise ValueError("int8 drafts run on CPU only")
+        for layer in self.layers:
+            swap_linears(layer, Int8Linear.of)
+        self._head_int8 = Int8Linear(self._shared["head"].t(), None)  # [N, d]
+        return self
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path, **meta: str) -> None:
@@ -235,38 +257,3 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
     draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe")}
     draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return draft.attach(target)
-
-
-class DraftRunner:
-    """The draft's KV cache, preallocated for 448 positions; same interface as DecoderRunner."""
-
-    def __init__(self, draft: DistilledDraft, states: Tensor) -> None:
-        self.draft = draft
-        self.length = 0
-        B = states.shape[0]
-        with torch.inference_mode():
-            self.cross = draft.cross_kv(states)  # per layer K, V [B, H, S, dh]
-        shape = (B, draft.heads, N_TEXT_CTX, draft.d_model // draft.heads)
-        self.k = [states.new_zeros(shape) for _ in draft.layers]
-        self.v = [states.new_zeros(shape) for _ in draft.layers]
-
-    @torch.inference_mode()
-    def __call__(self, tokens: Tensor, last: int) -> Tensor:
-        """tokens [B, T] at positions length … length+T-1 -> logits [B, last, V] (−inf off-vocabulary)."""
-        P, T = self.length, tokens.shape[1]
-        x = self.draft.embed(tokens, P)
-        mask = None
-        if T > 1:
-            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
-        for layer, K, V, (ck, cv) in zip(self.draft.layers, self.k, self.v, self.cross):
-            x = layer(x, ck, cv, mask, cache=(K, V), start=P)
-        self.length = P + T
-        return self.draft.full_logits(self.draft.head(x[:, -last:]))
-
-    def rollback(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def keep(self, rows: Tensor) -> None:
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
-        self.cross = [(k[rows], v[rows]) for k, v in self.cross]

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import WhisperForConditionalGeneration
 
 from specasr.convert import CT2Files, cached_conversion
+from specasr.cpu_linear import int8_available
 from specasr.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.tokenizer import Tokenizer
 
@@ -236,11 +237,15 @@ def load_pair(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    draft_int8: bool | None = None,
 ) -> ModelPair:
     """Loads `target` and `draft` ("default": the preset's draft, None/"none": no draft,
     "self:K": the target's first K decoder layers, "packaged:NAME" or a path to a distilled
     draft file (`specasr distill`), else any spec a target accepts).
-    device None picks CUDA when available; dtype None is fp16 on CUDA, fp32 elsewhere."""
+    device None picks CUDA when available; dtype None is fp16 on CUDA, fp32 elsewhere.
+    draft_int8: run a distilled draft's products in int8 (`DistilledDraft.quantize_int8`);
+    None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
+    can move the acceptance rate, never the transcript."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     if draft == "default":
@@ -252,6 +257,10 @@ def load_pair(
     draft_file = _draft_file(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
         d_model = load_draft(draft_file, t_model, dtype, dev)
+        if draft_int8 is None:
+            draft_int8 = dev.type == "cpu" and dtype == torch.float32 and int8_available()
+        if draft_int8:
+            d_model.quantize_int8()
     elif draft is not None and draft.startswith("self:"):
         k = draft.removeprefix("self:")
         if not k.isdigit():
@@ -277,7 +286,7 @@ def load_pair(
         suppress_tokens=tuple(gen.suppress_tokens or ()),
         begin_suppress_tokens=tuple(gen.begin_suppress_tokens or ()),
         target_name=target,
-        draft_name=draft,
+        draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
     )
 
 

@@ -69,6 +69,7 @@ def step_costs(pair, mel, ks=(1, 2, 4, 6, 8), repeats: int = 20) -> dict:
     import torch
 
     from specasr.decoding import DecoderRunner, make_runner
+    from specasr.lean_decoder import LeanDecoder
 
     target_states, draft_states = pair.encode(mel)
     prefix = torch.tensor([pair.tokenizer.sot_sequence("en", "transcribe", False)], device=pair.device)
@@ -84,7 +85,10 @@ def step_costs(pair, mel, ks=(1, 2, 4, 6, 8), repeats: int = 20) -> dict:
             runner.rollback(prefix.shape[1])
         return 1e3 * statistics.median(times)
 
-    out = {f"target k={k}": median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
+    out = {f"target k={k}": median_ms(make_runner(pair.target, target_states), k) for k in ks}
+    if LeanDecoder.supports(pair.target):  # the Hugging Face module it replaces, for comparison
+        hf = {k: median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
+        out |= {f"target k={k}, transformers module": ms for k, ms in hf.items()}
     if pair.draft is not None:
         out["draft step"] = median_ms(make_runner(pair.draft, draft_states), 1)
     return out

@@ -9,7 +9,7 @@ import torch
 from toy import TOY_FRAMES, toy_pair
 
 from specasr import decoding, kernels
-from specasr.decoding import DecoderRunner, decode
+from specasr.decoding import DecoderRunner, decode, make_runner
 from specasr.filters import apply_filters, build_filters
 from specasr.options import DecodeOptions
 from specasr.testing import random_tiny_pair
@@ -63,11 +63,6 @@ def test_gamma_never_overruns_the_token_limit(tiny):
     assert len(spec.tokens) <= 11
 
 
-def _cache_tensors(runner: DecoderRunner) -> list[torch.Tensor]:
-    layers = runner.cache.self_attention_cache.layers
-    return [t for layer in layers for t in (layer.keys, layer.values)]
-
-
 def test_rollback_equals_cache_from_scratch(tiny, monkeypatch):
     """After every verify pass, both KV caches equal caches computed afresh on the prefix."""
     checked = {"rejections": 0}
@@ -76,10 +71,10 @@ def test_rollback_equals_cache_from_scratch(tiny, monkeypatch):
     def checked_step(self, active, target, draft, gamma):
         out = original(self, active, target, draft, gamma)
         checked["rejections"] += out[0] < gamma
-        for runner in (target, draft):
-            fresh = DecoderRunner(runner.model, runner.states)
+        for runner, model in ((target, self.pair.target), (draft, self.pair.draft)):
+            fresh = make_runner(model, runner.states)
             fresh(self._tensor(active, 0, runner.length), 1)
-            for a, b in zip(_cache_tensors(runner), _cache_tensors(fresh)):
+            for a, b in zip(runner.cache_prefix(), fresh.cache_prefix(), strict=True):
                 assert a.shape == b.shape
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         return out

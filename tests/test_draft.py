@@ -3,13 +3,17 @@ files, loading, and exactness of speculative decoding with a reduced-vocabulary 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from specasr.decoding import DecoderRunner, decode
+from specasr.cpu_linear import Int8Linear, TransposedLinear, WideLinear, int8_available
+from specasr.decoding import DecoderRunner, decode, make_runner
 from specasr.draft import DistilledDraft, is_draft_file, load_draft
+from specasr.lean_decoder import LeanDecoder, LeanRunner, lean_decoder
 from specasr.options import DecodeOptions
 from specasr.testing import random_tiny_pair
 
@@ -120,3 +124,57 @@ def test_a_perfect_draft_is_never_rejected_and_per_token_alpha_is_one(tiny):
     st = decode(pair, mel, opts)[0].stats
     assert st.accepted > 0 and st.rejected == 0 and st.token_acceptance == 1.0
     assert st.tokens_per_target_call > 3.0
+
+
+def test_lean_decoder_is_the_transformers_decoder(tiny):
+    """`LeanRunner` over `LeanDecoder` (the target's CPU runner) gives the Hugging Face
+    decoder's logits in blocks of any size, through rollback and keep."""
+    t = tiny.target
+    assert LeanDecoder.supports(t) and not LeanDecoder.supports(copy.deepcopy(t).half())
+    states = _states(tiny, 2)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
+    with torch.inference_mode():
+        ref = DecoderRunner(t, states)(tokens, tokens.shape[1])  # [2, 9, V]
+        r = make_runner(t, states)
+        assert isinstance(r, LeanRunner) and lean_decoder(t) is lean_decoder(t)
+        parts = [r(tokens[:, :4], 4), r(tokens[:, 4:5], 1)]
+        r(torch.tensor([[7, 8, 9]] * 2), 3)  # rejected proposals ...
+        r.rollback(5)  # ... rolled back
+        parts.append(r(tokens[:, 5:], 4))
+        r.keep(torch.tensor([1]))
+        r.rollback(6)
+        row1 = r(tokens[1:, 6:], 3)
+    torch.testing.assert_close(torch.cat(parts, 1), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(row1, ref[1:, 6:], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 9])
+def test_cpu_linear_forms_compute_the_product(rows):
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(3001, 64, generator=g), torch.randn(3001, generator=g)
+    x = torch.randn(2, rows, 64, generator=g)
+    torch.testing.assert_close(TransposedLinear(w, b)(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(WideLinear(w)(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    if int8_available():  # lossy: per-row int8 weights, per-call int8 activations
+        y, ref = Int8Linear(w, b)(x), F.linear(x, w, b)
+        assert y.shape == ref.shape and (y - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_int8_draft_stays_exact(tiny):
+    """An int8 draft proposes almost the same tokens; decoding stays the target's."""
+    t = tiny.target
+    ids = torch.arange(t.config.vocab_size)
+    draft = DistilledDraft.from_target(t, (0, 1), ids).attach(t)
+    states = _states(tiny, 4)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
+    with torch.inference_mode():
+        full = draft.runner(states)(tokens, 9)
+        quant = copy.deepcopy(draft).attach(t).quantize_int8().runner(states)(tokens, 9)
+    assert (quant.argmax(-1) == full.argmax(-1)).float().mean() > 0.8
+    assert not torch.equal(quant, full)  # it really runs the int8 products
+    pair = replace(tiny, draft=copy.deepcopy(draft).attach(t).quantize_int8(), shared_encoder=True)
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(5))
+    opts = DecodeOptions(mode="exact", gamma=4, gamma_policy="fixed", max_new_tokens=20)
+    spec, ar = decode(pair, mel, opts)[0], decode(pair, mel, replace(opts, mode="autoregressive"))[0]
+    assert spec.tokens == ar.tokens and spec.stats.accepted > 0

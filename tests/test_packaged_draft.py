@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from specasr.cpu_linear import int8_available
 from specasr.decoding import decode
 from specasr.draft import DistilledDraft
 from specasr.longform_bench import long_recording
@@ -24,6 +25,8 @@ def shipped(base_pair):
     from specasr.draft import load_draft
 
     draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    if int8_available():  # as load_pair ships it on CPU
+        draft.quantize_int8()
     return replace(base_pair, draft=draft, shared_encoder=True, draft_name="packaged:base")
 
 
@@ -36,6 +39,7 @@ def test_the_base_preset_ships_a_small_distilled_draft():
     pair = load_pair("base", device="cpu")
     assert isinstance(pair.draft, DistilledDraft) and pair.shared_encoder
     assert pair.draft.meta["target"] == "base" and len(pair.draft.layers) == 2
+    assert pair.draft_name == ("packaged:base (int8)" if int8_available() else "packaged:base")
 
 
 def test_shipped_draft_is_exact_on_the_librivox_clips(shipped, librivox, librivox_mels):

@@ -48,7 +48,7 @@ class Controls:
     """The app's toggles; gradio_app.py builds one widget per field, in this order."""
 
     mode: str = _DECODE.mode  # autoregressive | baseline | exact | sigmoid
-    gamma_policy: str = _DECODE.gamma_policy  # fixed | adaptive | analytic
+    gamma_policy: str = _DECODE.gamma_policy  # auto | fixed | adaptive | analytic
     gamma: int = _DECODE.gamma  # draft tokens per step: the fixed value, or the start
     temperature: float = _DECODE.temperature  # the first temperature; fallbacks step up by 0.2
     sigmoid_alpha: float = _DECODE.sigmoid_scale[0]  # α of the sigmoid verifier

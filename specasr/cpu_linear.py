@@ -10,10 +10,13 @@ once there are 2 or more rows. For base's 51865 × 512 output projection, measur
     x @ Wᵀ (Wᵀ contiguous)      5.0   9.7  10.1  13.0
     oneDNN prepacked W          5.8   6.1   6.6   8.2
 
-so `WideLinear` multiplies one row by a contiguous Wᵀ and two or more rows by a oneDNN
-weight packed once. `TransposedLinear` is the contiguous-Wᵀ form for a layer's small
-matrices, where it beats F.linear at 2+ rows (2048 × 512 at 5 rows: 0.13 against 0.22 ms).
-Both compute the same fp32 products up to summation order: the target stays the target.
+so `WideLinear` multiplies one row by a contiguous Wᵀ and 2–64 rows by a oneDNN weight
+packed once. `TransposedLinear` is the contiguous-Wᵀ form for a layer's small matrices,
+where it beats F.linear at 2+ rows (2048 × 512 at 5 rows: 0.13 against 0.22 ms); packing
+those as well measured no faster in a whole decoder pass. Above 64 rows (cross-attention
+K/V over 1500 frames) the product is compute-bound and both hand over to F.linear, whose
+blocking wins there (12 × [1500, 512] × [512, 512]: 62 ms against 80 ms with Wᵀ).
+All compute the same fp32 products up to summation order: the target stays the target.
 
 `Int8Linear` is lossy: int8 weights with per-output-channel scales, and activations
 quantised per call (fbgemm's dynamic linear). It is for drafts only, where precision moves
@@ -26,7 +29,10 @@ import functools
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+MANY_ROWS = 64  # above this many rows a product is compute-bound and F.linear's blocking wins
 
 
 class TransposedLinear(nn.Module):
@@ -34,6 +40,7 @@ class TransposedLinear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
+        self.weight = weight.detach()  # [out, in], the caller's tensor (no copy)
         self.wt = weight.detach().t().contiguous()  # [in, out]
         self.bias = None if bias is None else bias.detach()  # [out]
 
@@ -43,13 +50,15 @@ class TransposedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [rows, in]
+        if flat.shape[0] > MANY_ROWS:
+            return F.linear(x, self.weight, self.bias)
         y = flat @ self.wt if self.bias is None else torch.addmm(self.bias, flat, self.wt)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def _onednn_mm(x: Tensor, packed: Tensor) -> Tensor:
-    """x [rows, in] @ the packed weight's Wᵀ -> [rows, out]."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+def _onednn_mm(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x [rows, in] @ the packed weight's Wᵀ (+ bias) -> [rows, out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def _onednn_pack(weight: Tensor) -> Tensor | None:
@@ -66,18 +75,18 @@ def _onednn_pack(weight: Tensor) -> Tensor | None:
 
 
 class WideLinear(TransposedLinear):
-    """A wide projection (e.g. 51865 × 512, no bias): one row by contiguous Wᵀ, two or more
-    rows by a weight oneDNN packed once. x: [..., in] -> [..., out]."""
+    """A wide projection (e.g. 51865 × 512): one row by contiguous Wᵀ, 2–64 rows by a weight
+    oneDNN packed once. x: [..., in] -> [..., out]."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__(weight, bias)
-        self.packed = _onednn_pack(weight) if bias is None else None
+        self.packed = _onednn_pack(weight)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [rows, in]
-        if self.packed is None or flat.shape[0] == 1 or flat.dtype != torch.float32:
+        if self.packed is None or not 1 < flat.shape[0] <= MANY_ROWS or flat.dtype != torch.float32:
             return super().forward(x)
-        y = _onednn_mm(flat.contiguous(), self.packed)
+        y = _onednn_mm(flat.contiguous(), self.packed, self.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -108,12 +108,14 @@ class DecoderRunner:
         return [t for layer in self.cache.self_attention_cache.layers for t in (layer.keys, layer.values)]
 
 
-def make_runner(model, encoder_states: Tensor):
+def make_runner(model, encoder_states: Tensor, target=None):
     """The decoder loop for a model: a distilled draft brings its own lean runner; a Whisper
     model in fp32 on CPU gets `LeanRunner` over its `LeanDecoder` view (same function, faster
-    products); anything else gets `DecoderRunner` around the Hugging Face module."""
+    products); anything else gets `DecoderRunner` around the Hugging Face module. target: the
+    target's runner, whose cross K/V a distilled draft on the same states may reuse."""
     if hasattr(model, "runner"):
-        return model.runner(encoder_states)
+        shared = target is not None and isinstance(target, LeanRunner) and target.states is encoder_states
+        return model.runner(encoder_states, target.cross if shared else None)
     if LeanDecoder.supports(model):
         return LeanRunner(lean_decoder(model), encoder_states)
     return DecoderRunner(model, encoder_states)
@@ -274,8 +276,9 @@ class _Loop:
         self.sum_logprob = [0.0] * B
         self.no_speech = [math.nan] * B
         target = make_runner(self.pair.target, target_states)
-        draft = None if draft_states is None else make_runner(self.pair.draft, draft_states)
-        policy = make_policy(self.opts.gamma_policy, self.opts.gamma, self.opts.gamma_max)
+        draft = None if draft_states is None else make_runner(self.pair.draft, draft_states, target)
+        opts = self.opts
+        policy = make_policy(opts.gamma_policy, opts.gamma, opts.gamma_max, target_states.device.type)
         active = list(range(B))
         while active:
             L = len(self.seqs[active[0]])

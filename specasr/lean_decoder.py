@@ -1,7 +1,7 @@
 """A lean decoder loop: preallocated KV cache, plain torch layers, fast CPU products.
 
 `LeanRunner` runs any decoder that offers `layers` (`draft.DraftLayer`s), `heads`,
-`d_model`, `embed(tokens, start)`, `cross_kv(states)` and `logits(hidden)`. Two do:
+`d_model`, `embed(tokens, start)` and `logits(hidden)`. Two do:
 
 - `draft.DistilledDraft`, the distilled draft;
 - `LeanDecoder`, a view of a Hugging Face Whisper decoder for CPU. It shares the model's
@@ -71,10 +71,6 @@ class LeanDecoder:
         """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
         return self.embed_tokens[tokens] + self.positions[start : start + tokens.shape[1]]
 
-    def cross_kv(self, states: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Encoder states [B, S, d] -> per layer the cross-attention K, V [B, H, S, dh]."""
-        return [layer.cross_kv(states) for layer in self.layers]
-
     def logits(self, x: Tensor) -> Tensor:
         """x [B, T, d] -> logits [B, T, V]."""
         return self.head(self.layer_norm(x))
@@ -97,13 +93,15 @@ class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
     `decoding.DecoderRunner` (call, rollback, keep, length)."""
 
-    def __init__(self, decoder, states: Tensor) -> None:
+    def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
+        """cross: per layer precomputed cross K/V for these states, or None to compute it."""
         self.decoder = decoder
         self.states = states  # [B, S, d]
         self.length = 0
         B = states.shape[0]
-        with torch.inference_mode():
-            self.cross = decoder.cross_kv(states)  # per layer K, V [B, H, S, dh]
+        cross = cross or [None] * len(decoder.layers)
+        with torch.inference_mode():  # per layer K, V [B, H, S, dh]
+            self.cross = [kv or layer.cross_kv(states) for kv, layer in zip(cross, decoder.layers)]
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODES = ("autoregressive", "baseline", "exact", "sigmoid")
-GAMMA_POLICIES = ("fixed", "adaptive", "analytic")
+GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic")
 BACKENDS = ("auto", "triton", "torch")
 
 
@@ -17,8 +17,8 @@ BACKENDS = ("auto", "triton", "torch")
 class DecodeOptions:
     mode: str = "exact"  # autoregressive (target only) | baseline | exact | sigmoid verifier
     temperature: float = 0.0  # 0 = greedy; > 0 samples from softmax(logits / T)
-    gamma: int = 5  # draft tokens per step: the fixed value, or the adaptive start
-    gamma_policy: str = "adaptive"  # fixed | adaptive (+2 / -1 heuristic) | analytic (measured α, costs)
+    gamma: int = 4  # draft tokens per step: the fixed value, or the adaptive/analytic start
+    gamma_policy: str = "auto"  # auto (CPU: fixed, CUDA: adaptive) | fixed | adaptive | analytic
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)
     task: str = "transcribe"  # transcribe | translate

@@ -178,3 +178,19 @@ def test_int8_draft_stays_exact(tiny):
     opts = DecodeOptions(mode="exact", gamma=4, gamma_policy="fixed", max_new_tokens=20)
     spec, ar = decode(pair, mel, opts)[0], decode(pair, mel, replace(opts, mode="autoregressive"))[0]
     assert spec.tokens == ar.tokens and spec.stats.accepted > 0
+
+
+def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size))
+    with torch.no_grad():
+        draft.layers[1].encoder_attn.v_proj.bias.add_(1e-3)  # as if trained: not the target's any more
+    draft.attach(t)
+    assert draft.cross_from == [0, None]
+    states = _states(tiny, 6)
+    target = make_runner(t, states)
+    runner = make_runner(draft, states, target)
+    assert runner.cross[0] is target.cross[0] and runner.cross[1] is not target.cross[1]
+    own = draft.runner(states).cross
+    torch.testing.assert_close(runner.cross[0], own[0], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(runner.cross[1][1], target.cross[1][1])

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from specasr.gamma import AdaptiveGamma, AnalyticGamma, FixedGamma, expected_tokens, theoretical_speedup
+from specasr.gamma import (
+    AdaptiveGamma,
+    AnalyticGamma,
+    FixedGamma,
+    expected_tokens,
+    make_policy,
+    theoretical_speedup,
+)
+from specasr.options import DecodeOptions
 
 
 def test_adaptive_heuristic_trajectory():
@@ -20,6 +28,15 @@ def test_adaptive_heuristic_trajectory():
     for _ in range(10):
         p.update(p.next(), 0)
     assert p.next() == 1  # floor
+
+
+def test_auto_policy_is_fixed_on_cpu_and_adaptive_on_accelerators():
+    cpu, gpu = make_policy("auto", 4, 16, "cpu"), make_policy("auto", 4, 16, "cuda")
+    assert isinstance(cpu, FixedGamma) and isinstance(gpu, AdaptiveGamma)
+    for p in (cpu, gpu):
+        p.update(4, 4)
+    assert (cpu.next(), gpu.next()) == (4, 6)
+    assert DecodeOptions().gamma_policy == "auto"
 
 
 def test_fixed_policy_ignores_feedback():

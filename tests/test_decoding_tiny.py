@@ -63,7 +63,24 @@ def test_gamma_never_overruns_the_token_limit(tiny):
     assert len(spec.tokens) <= 11
 
 
-def test_rollback_equals_cache_from_scratch(tiny, monkeypatch):
+@pytest.fixture(params=["lean", "transformers"])
+def runner_kind(request, monkeypatch):
+    """Both decoder loops: `LeanRunner` (CPU fp32) and `DecoderRunner` (elsewhere)."""
+    if request.param == "transformers":
+        monkeypatch.setattr(decoding.LeanDecoder, "supports", staticmethod(lambda model: False))
+    return request.param
+
+
+def test_both_runners_decode_identically(tiny, ar_reference, runner_kind):
+    opts = DecodeOptions(mode="exact", gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    runner = decoding.make_runner(tiny.target, torch.zeros(1, 1500, tiny.target.config.d_model))
+    assert isinstance(runner, DecoderRunner) == (runner_kind == "transformers")
+    assert [r.tokens for r in decode(tiny, _mels(3), opts)] == ar_reference
+    ar = decode(tiny, _mels(3), replace(opts, mode="autoregressive"))
+    assert [r.tokens for r in ar] == ar_reference
+
+
+def test_rollback_equals_cache_from_scratch(tiny, monkeypatch, runner_kind):
     """After every verify pass, both KV caches equal caches computed afresh on the prefix."""
     checked = {"rejections": 0}
     original = decoding._Loop._speculative_step

@@ -256,8 +256,8 @@ class _Loop:
         return torch.tensor(data, dtype=torch.long, device=self.device)
 
     def _no_speech(self, logits: Tensor) -> list[float]:
-        """logits [B, k, V] of a first pass that covered the sot position."""
-        probs = torch.softmax(logits[:, self.sot_index].float(), dim=-1)
+        """logits [B, k, V] of a first pass whose rows start at the sot position."""
+        probs = torch.softmax(logits[:, 0].float(), dim=-1)
         return probs[:, self.pair.tokenizer.no_speech].tolist()
 
     def _finish(self, active: list[int], runners: list[DecoderRunner]) -> list[int]:
@@ -296,7 +296,8 @@ class _Loop:
         first = target.length == 0
         with timed(st, "target_s", self.device):
             L = len(self.seqs[active[0]])
-            logits = target(self._tensor(active, target.length, L), L - target.length)  # [B, k, V]
+            last = L - (self.sot_index if first else target.length)  # first pass: from sot, skip the prompt
+            logits = target(self._tensor(active, target.length, L), last)  # [B, last, V]
             if first:
                 ns = self._no_speech(logits)
             rows = logits[:, -1].contiguous()  # [B, V]
@@ -335,7 +336,7 @@ class _Loop:
         first = target.length == 0
         with timed(st, "target_s", dev):
             feed = self._tensor(active, target.length, L + gamma, props)
-            logits = target(feed, gamma + 1 if not first else feed.shape[1])  # [B, k, V]
+            logits = target(feed, feed.shape[1] - self.sot_index if first else gamma + 1)  # [B, k, V]
             if first:
                 ns = self._no_speech(logits)
             logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]

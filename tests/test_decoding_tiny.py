@@ -216,3 +216,19 @@ def test_sampling_is_seeded(tiny):
     assert [r.tokens for r in a] == [r.tokens for r in b]
     c = decode(tiny, _mels(2), replace(opts, seed=8))
     assert [r.tokens for r in a] != [r.tokens for r in c]
+
+
+@pytest.mark.parametrize("mode", ["autoregressive", "exact"])
+def test_no_speech_prob_is_read_at_the_sot_row_after_a_prompt(tiny, mode):
+    """The first pass computes logits from <|startoftranscript|> on, not over the prompt; the
+    no-speech probability is still the one at that row."""
+    prompt = [440, 2068, 3699, 264, 13, 1012]
+    mel = _mels(1, seed=9)
+    opts = DecodeOptions(mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=8)
+    result = decode(tiny, mel, opts, prompt=prompt)[0]
+    init, sot = decoding.start_sequence(tiny, opts, "en", prompt)
+    states = tiny.encode(mel)[0]
+    with torch.inference_mode():
+        logits = DecoderRunner(tiny.target, states)(torch.tensor([init]), len(init))  # [1, L, V]
+    expected = torch.softmax(logits[0, sot].float(), -1)[tiny.tokenizer.no_speech].item()
+    assert sot > 0 and result.no_speech_prob == pytest.approx(expected, rel=1e-4, abs=1e-7)

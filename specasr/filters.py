@@ -92,10 +92,10 @@ class TimestampRules(LogitFilter):
                 row[:tb] = NEG_INF
                 if self.max_initial_index is not None:
                     row[tb + self.max_initial_index + 1 :] = NEG_INF
-        # if timestamps as a whole are likelier than any single text token, emit a timestamp
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        ts_mass = torch.logsumexp(logprobs[:, tb:], dim=-1)
-        text_max = logprobs[:, :tb].max(dim=-1).values
+        # if timestamps as a whole are likelier than any single text token, emit a timestamp:
+        # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V
+        ts_mass = torch.logsumexp(logits[:, tb:].float(), dim=-1)  # [k]
+        text_max = logits[:, :tb].float().amax(dim=-1)  # [k]
         force = ts_mass > text_max
         if force.any():
             logits[force, :tb] = NEG_INF

@@ -1,0 +1,60 @@
+"""Whisper's timestamp rules on crafted rows: the grammar, and forcing a timestamp when the
+timestamps' total probability beats every single text token."""
+
+from __future__ import annotations
+
+import torch
+
+from specasr.filters import TimestampRules
+from specasr.testing import random_tiny_pair
+
+
+def _rules():
+    tok = random_tiny_pair(seed=0).tokenizer
+    return tok, TimestampRules(tok, sample_begin=4, max_initial_timestamp=1.0)
+
+
+def test_timestamps_are_forced_when_their_total_mass_wins():
+    tok, rules = _rules()
+    tb, V = tok.timestamp_begin, 51865
+    ctx = [0, 1, 2, 3, 440, 2068]  # two text tokens sampled: any token may follow
+    spread = torch.full((2, V), -30.0)
+    spread[:, 440] = 0.0  # the best text token
+    spread[0, tb : tb + 20] = -1.0  # 20 timestamps, each less likely than it, together likelier
+    spread[1, tb : tb + 2] = -1.0  # 2 of them: together still less likely
+    rules.apply(spread, [ctx, ctx])
+    assert torch.isinf(spread[0, :tb]).all() and spread[0, tb] == -1.0  # row 0: text suppressed
+    assert spread[1, 440] == 0.0  # row 1: untouched text
+
+
+def test_forcing_matches_whispers_log_softmax_formulation():
+    """log Σ_ts p > max_text log p, computed on logits, agrees with the log-probability form."""
+    tok, rules = _rules()
+    tb = tok.timestamp_begin
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 51865, generator=g) * 3
+    logits[:, tb:] += torch.linspace(-6, 6, 64)[:, None]  # from clearly text to clearly timestamps
+    logprobs = torch.log_softmax(logits, dim=-1)
+    expected = torch.logsumexp(logprobs[:, tb:], -1) > logprobs[:, :tb].amax(-1)
+    ctx = [0, 1, 2, 3, 440, 2068]
+    out = logits.clone()
+    rules.apply(out, [ctx] * 64)
+    forced = torch.isinf(out[:, :tb]).all(dim=-1)
+    assert torch.equal(forced, expected) and 0 < int(forced.sum()) < 64
+
+
+def test_grammar_pairs_and_monotone_timestamps():
+    tok, rules = _rules()
+    tb = tok.timestamp_begin
+    rows = torch.zeros(3, 51865)
+    contexts = [
+        [0, 1, 2, 3],  # nothing sampled: a timestamp ≤ 1.0 s must come first
+        [0, 1, 2, 3, tb + 10, 440],  # open segment after text: timestamps from tb+11 on
+        [0, 1, 2, 3, tb + 10, 440, tb + 30],  # open timestamp: close it with one (≥ tb+30) or end
+    ]
+    rules.apply(rows, contexts)
+    assert torch.isinf(rows[0, :tb]).all() and torch.isfinite(rows[0, tb : tb + 51]).all()
+    assert torch.isinf(rows[0, tb + 51 :]).all()
+    assert torch.isinf(rows[1, tb : tb + 11]).all() and torch.isfinite(rows[1, tb + 11]).all()
+    assert torch.isinf(rows[2, : tok.eot]).all() and torch.isinf(rows[2, tb : tb + 30]).all()
+    assert torch.isfinite(rows[2, tb + 30])  # (eot too was allowed, until the uniform row forced a timestamp)

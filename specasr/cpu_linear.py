@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,20 @@ class WideLinear(TransposedLinear):
             return super().forward(x)
         y = _onednn_mm(flat.contiguous(), self.packed, self.bias)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+
+_FORMS: dict[type, weakref.WeakKeyDictionary] = {}  # form class -> {nn.Linear: form}
+
+
+def shared_form(cls: type[TransposedLinear], linear: nn.Linear) -> TransposedLinear:
+    """cls.of(linear), built once per Linear module: models that share modules (a `self:K`
+    draft shares its target's first layers and output projection) share the derived copies
+    instead of holding a second transpose and a second packed weight."""
+    forms = _FORMS.setdefault(cls, weakref.WeakKeyDictionary())
+    form = forms.get(linear)
+    if form is None or form.weight.data_ptr() != linear.weight.data_ptr():
+        form = forms[linear] = cls.of(linear)
+    return form
 
 
 @functools.cache

@@ -29,11 +29,9 @@ from specasr import kernels
 from specasr.filters import LogitFilter, apply_filters, build_filters
 from specasr.gamma import make_policy
 from specasr.kernels.exact import first_argmax
-from specasr.lean_decoder import LeanDecoder, LeanRunner, lean_decoder
+from specasr.lean_decoder import N_TEXT_CTX, LeanDecoder, LeanRunner, lean_decoder
 from specasr.options import DecodeOptions
 from specasr.stats import DecodeStats, timed
-
-N_TEXT_CTX = 448  # Whisper's decoder positions
 
 
 @dataclass
@@ -55,24 +53,10 @@ class DecodeResult:
         return self.stats.decoder_s
 
 
-def project(model, hidden: Tensor) -> Tensor:
-    """hidden [B, k, d] -> logits [B, k, V] through the model's output projection. On CPU it
-    multiplies by a cached, contiguous transpose of the weight: BLAS then streams the
-    (51865 × d) matrix without repacking it on every call, which makes the projection
-    1.4× (k = 1) to 1.8× (k = 7) faster there. Cached per model; the weights are frozen."""
-    proj = model.proj_out
-    if hidden.device.type != "cpu" or proj.bias is not None:
-        return proj(hidden)
-    cached = getattr(model, "_specasr_proj_t", None)
-    if cached is None or cached[0] is not proj.weight:
-        cached = (proj.weight, proj.weight.detach().t().contiguous())  # [d, V]
-        model._specasr_proj_t = cached
-    return hidden @ cached[1]
-
-
 class DecoderRunner:
-    """One Whisper decoder and its KV cache. The cache holds the first `length` positions of
-    every row; rows are kept at equal length."""
+    """One Whisper decoder (Hugging Face modules) and its KV cache, for CUDA and non-fp32
+    models; on CPU in fp32 `make_runner` picks `LeanRunner`. The cache holds the first
+    `length` positions of every row; rows are kept at equal length."""
 
     def __init__(self, model, encoder_states: Tensor) -> None:
         self.model = model
@@ -91,7 +75,7 @@ class DecoderRunner:
         )
         self.cache = out.past_key_values
         self.length += tokens.shape[1]
-        return project(self.model, out.last_hidden_state[:, -last:])
+        return self.model.proj_out(out.last_hidden_state[:, -last:])
 
     def rollback(self, length: int) -> None:
         if length < self.length:

@@ -1,6 +1,6 @@
 """γ policies: how many draft tokens to propose at the next verify pass.
-- auto:      fixed on CPU, adaptive elsewhere (see `make_policy`).
 
+- auto:      fixed on CPU, adaptive elsewhere (see `make_policy`).
 - fixed:     γ never changes.
 - adaptive:  start at γ0; +2 when every proposed token was accepted, otherwise −1; γ >= 1.
 - analytic:  choose γ maximising expected tokens per second,

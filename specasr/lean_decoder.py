@@ -23,7 +23,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from specasr.cpu_linear import TransposedLinear, WideLinear
+from specasr.cpu_linear import TransposedLinear, WideLinear, shared_form
 
 N_TEXT_CTX = 448  # Whisper's decoder positions
 
@@ -46,14 +46,15 @@ class LeanDecoder:
             for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own
                 box = nn.Module()
                 for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    box.add_module(proj, TransposedLinear.of(getattr(getattr(hf, name), proj)))
+                    box.add_module(proj, shared_form(TransposedLinear, getattr(getattr(hf, name), proj)))
                 setattr(layer, name, box)
-            layer.fc1, layer.fc2 = TransposedLinear.of(hf.fc1), TransposedLinear.of(hf.fc2)
+            layer.fc1 = shared_form(TransposedLinear, hf.fc1)
+            layer.fc2 = shared_form(TransposedLinear, hf.fc2)
             self.layers.append(layer)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]
         self.layer_norm = dec.layer_norm
-        self.head = WideLinear(model.proj_out.weight)  # [d] -> [V]; Whisper's proj_out has no bias
+        self.head = shared_form(WideLinear, model.proj_out)  # [d] -> [V]; Whisper's proj_out has no bias
 
     @staticmethod
     def supports(model) -> bool:

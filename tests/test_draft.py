@@ -194,3 +194,15 @@ def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):
     own = draft.runner(states).cross
     torch.testing.assert_close(runner.cross[0], own[0], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(runner.cross[1][1], target.cross[1][1])
+
+
+def test_a_self_draft_shares_its_targets_derived_weights(tiny):
+    """`self:K` reuses the target's modules, so its CPU view reuses their transposed and
+    packed copies instead of building a second set."""
+    from specasr.models import self_draft
+
+    t = tiny.target
+    draft = self_draft(t, 1)
+    mine, theirs = lean_decoder(draft), lean_decoder(t)
+    assert mine is not theirs and mine.head is theirs.head
+    assert mine.layers[0].fc1 is theirs.layers[0].fc1

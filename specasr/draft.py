@@ -99,6 +99,11 @@ class DraftLayer(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
+def _equal_as(mine: Tensor, theirs: Tensor, stored: torch.dtype) -> bool:
+    """mine == theirs after theirs makes a round trip through the `stored` dtype."""
+    return mine.shape == theirs.shape and torch.equal(mine, theirs.to(stored).to(mine.dtype))
+
+
 class DistilledDraft(nn.Module):
     """Shallow decoder + reduced head. `attach(target)` binds the target's shared tensors."""
 
@@ -144,10 +149,9 @@ class DistilledDraft(nn.Module):
         mine, theirs = layer.encoder_attn, dec.layers[j].encoder_attn
         pairs = [(mine.k_proj.weight, theirs.k_proj.weight), (mine.v_proj.weight, theirs.v_proj.weight)]
         pairs.append((mine.v_proj.bias, theirs.v_proj.bias))
-        if all(a.shape == b.shape and torch.equal(a, b.half().to(a.dtype)) for a, b in pairs):
-            return j
-        if all(a.shape == b.shape and torch.equal(a, b.to(a.dtype)) for a, b in pairs):
-            return j
+        for stored in (torch.float16, None):  # as the file keeps them, or exactly (not saved yet)
+            if all(_equal_as(a, b, stored or a.dtype) for a, b in pairs):
+                return j
         return None
 
     def embed(self, tokens: Tensor, start: int) -> Tensor:
@@ -203,7 +207,7 @@ class DistilledDraft(nn.Module):
             raise ValueError("int8 drafts run on CPU only")
         for layer in self.layers:
             swap_linears(layer, Int8Linear.of)
-        self._head_int8 = Int8Linear(self._shared["head"].t(), None)  # [N, d]
+        self._head_int8 = Int8Linear(self._shared.pop("head").t(), None)  # [N, d]; fp32 copy freed
         return self
 
     # ---- files --------------------------------------------------------------------------

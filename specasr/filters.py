@@ -71,7 +71,7 @@ class TimestampRules(LogitFilter):
         )
 
     def apply(self, logits: Tensor, contexts: Sequence[Sequence[int]]) -> None:
-        logits[:, self.no_timestamps] = NEG_INF
+        logits.select(1, self.no_timestamps).fill_(NEG_INF)
         tb = self.ts_begin
         for k, ctx in enumerate(contexts):
             sampled = ctx[self.sample_begin :]
@@ -96,9 +96,8 @@ class TimestampRules(LogitFilter):
         # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V
         ts_mass = torch.logsumexp(logits[:, tb:].float(), dim=-1)  # [k]
         text_max = logits[:, :tb].float().amax(dim=-1)  # [k]
-        force = ts_mass > text_max
-        if force.any():
-            logits[force, :tb] = NEG_INF
+        for k in torch.nonzero(ts_mass > text_max).flatten().tolist():  # a row loop beats a mask index
+            logits[k, :tb] = NEG_INF
 
 
 def build_filters(

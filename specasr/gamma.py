@@ -31,6 +31,37 @@ def theoretical_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
 
 
+def best_speedup(alpha: float, c: float, verify: dict[int, float], gamma_max: int = 16) -> tuple[float, int]:
+    """The best speedup any fixed γ can give, and that γ: max over γ of
+    E[tokens | γ] / (v(γ+1) + γc), where verify[k] = v(k) = (target pass over k tokens) /
+    (target pass over 1 token), measured. With v ≡ 1 this is the best
+    `theoretical_speedup`. It counts no per-window costs and no loop overhead, so it bounds
+    what the decoding loop can reach with this draft on this machine."""
+    best = (0.0, 0)
+    for g in range(1, gamma_max + 1):
+        if g + 1 not in verify:
+            continue
+        best = max(best, (expected_tokens(alpha, g) / (verify[g + 1] + g * c), g))
+    return best
+
+
+def crossing(goal: float, f, lo: float, hi: float) -> float | None:
+    """Where the monotone f reaches `goal` on [lo, hi], by bisection: the least x with
+    f(x) >= goal if f rises, the greatest if it falls; None if f stays below goal."""
+    a, b = f(lo) >= goal, f(hi) >= goal
+    if not (a or b):
+        return None
+    if a and b:
+        return lo if f(lo) <= f(hi) else hi
+    for _ in range(60):  # invariant: f(lo) >= goal is a, f(hi) >= goal is b
+        mid = (lo + hi) / 2
+        if (f(mid) >= goal) == a:
+            lo = mid
+        else:
+            hi = mid
+    return hi if b else lo
+
+
 class GammaPolicy:
     def next(self) -> int:
         raise NotImplementedError

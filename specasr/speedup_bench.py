@@ -68,7 +68,7 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
     }
 
 
-def step_costs(pair, mel, ks=(1, 2, 4, 6, 8), repeats: int = 20) -> dict:
+def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> dict:
     """Median ms of one target pass over k new tokens (decoder + output projection), for each
     k, and of one draft step: the verification cost curve the theory assumes flat."""
     import torch
@@ -97,6 +97,27 @@ def step_costs(pair, mel, ks=(1, 2, 4, 6, 8), repeats: int = 20) -> dict:
     if pair.draft is not None:
         out["draft step"] = median_ms(make_runner(pair.draft, draft_states), 1)
     return out
+
+
+def _bound_rows(alpha: float, c: float, costs: dict, goal: float) -> list[tuple[str, str]]:
+    """What the loop could reach at the measured α̂, c and verification curve v(k) (gamma.
+    best_speedup: no per-window costs, no overhead), and what a `goal` would take."""
+    from specasr.gamma import best_speedup, crossing
+
+    t1 = costs["target k=1"]
+    verify = {
+        int(k.split("=")[1]): ms / t1 for k, ms in costs.items() if k.startswith("target k=") and "," not in k
+    }
+    bound, g = best_speedup(alpha, c, verify, gamma_max=max(verify) - 1)
+    need_a = crossing(goal, lambda a: best_speedup(a, c, verify, max(verify) - 1)[0], 0.0, 0.999)
+    need_c = crossing(goal, lambda x: best_speedup(alpha, x, verify, max(verify) - 1)[0], 0.0, 1.0)
+    curve = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(verify.items()))
+    return [
+        ("verification cost v(k) = pass over k tokens ÷ pass over 1", curve),
+        ("best loop speedup at this α̂, c and v (no per-window costs)", f"{bound:.2f}× at γ = {g}"),
+        (f"α̂ for {goal}× at this c and v", "unreachable" if need_a is None else f"{need_a:.3f}"),
+        (f"c for {goal}× at this α̂ and v", "unreachable" if need_c is None else f"{need_c:.3f}"),
+    ]
 
 
 @click.command()
@@ -149,6 +170,7 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
         ("cost ratio c", f"{lf['c']:.3f}"),
         ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
     ]
+    rows += _bound_rows(lf["token_alpha"], lf["c"], costs, goal=1.5)
     click.echo("### Long-form fixture, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
 

@@ -180,6 +180,21 @@ def test_int8_draft_stays_exact(tiny):
     assert spec.tokens == ar.tokens and spec.stats.accepted > 0
 
 
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_int8_draft_fuses_qkv_into_one_product_with_the_same_result(tiny):
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
+    attn = draft.layers[0].self_attn
+    apart = [Int8Linear.of(getattr(attn, name)) for name in ("q_proj", "k_proj", "v_proj")]
+    quant = copy.deepcopy(draft).attach(t).quantize_int8()
+    fused = quant.layers[0].self_attn
+    assert not hasattr(fused, "q_proj") and isinstance(fused.qkv_proj, Int8Linear)
+    x = torch.randn(2, 3, t.config.d_model, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        for mine, ref in zip(fused.qkv_proj(x).chunk(3, dim=-1), (lin(x) for lin in apart)):
+            torch.testing.assert_close(mine, ref, rtol=1e-6, atol=1e-6)
+
+
 def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):
     t = tiny.target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size))

@@ -10,6 +10,8 @@ from specasr.gamma import (
     AdaptiveGamma,
     AnalyticGamma,
     FixedGamma,
+    best_speedup,
+    crossing,
     expected_tokens,
     make_policy,
     theoretical_speedup,
@@ -114,3 +116,39 @@ def test_analytic_does_not_probe_long_proposals_for_a_useless_draft():
         seen.append(g)
         p.update(g, 0, draft_s=g * 0.006, target_s=0.0125 + 0.001 * g)
     assert max(seen[1:]) <= 2 and seen[-1] == 1
+
+
+def test_best_speedup_with_flat_verification_is_the_best_theoretical():
+    flat = {k: 1.0 for k in range(1, 18)}
+    bound, g = best_speedup(0.8, 0.1, flat)
+    speedups = {gamma: theoretical_speedup(0.8, gamma, 0.1) for gamma in range(1, 17)}
+    assert g == max(speedups, key=speedups.get)
+    assert bound == pytest.approx(speedups[g])
+
+
+def test_dearer_verification_lowers_the_bound_and_gamma():
+    flat = {k: 1.0 for k in range(1, 10)}
+    rising = {k: 1.0 + 0.08 * (k - 1) for k in range(1, 10)}  # a CPU-like cost curve
+    b_flat, g_flat = best_speedup(0.85, 0.25, flat)
+    b_rise, g_rise = best_speedup(0.85, 0.25, rising)
+    assert b_rise < b_flat and g_rise < g_flat
+    # by hand at γ = 3: E = (1 − 0.85⁴)/0.15, cost v(4) + 3c
+    e3 = (1 - 0.85**4) / 0.15
+    assert best_speedup(0.85, 0.25, {1: 1.0, 4: 1.24})[0] == pytest.approx(e3 / (1.24 + 0.75))
+
+
+def test_crossing_finds_the_alpha_and_c_a_goal_needs():
+    curve = {k: 1.0 + 0.08 * (k - 1) for k in range(1, 10)}
+
+    def by_alpha(a):
+        return best_speedup(a, 0.25, curve)[0]
+
+    def by_c(c):
+        return best_speedup(0.85, c, curve)[0]
+
+    a = crossing(1.5, by_alpha, 0.0, 0.999)  # rising in α: the least α that reaches 1.5
+    assert by_alpha(a) >= 1.5 > by_alpha(a - 1e-3)
+    c = crossing(1.5, by_c, 0.0, 1.0)  # falling in c: the largest c that still reaches it
+    assert by_c(c) >= 1.5 > by_c(c + 1e-3)
+    assert crossing(50.0, by_alpha, 0.0, 0.999) is None
+    assert crossing(1.01, by_c, 0.0, 0.01) == 0.01  # reached over the whole range: its largest c

@@ -259,8 +259,9 @@ class _Loop:
         self.seqs = [list(self.init) for _ in range(B)]
         self.sum_logprob = [0.0] * B
         self.no_speech = [math.nan] * B
-        target = make_runner(self.pair.target, target_states)
-        draft = None if draft_states is None else make_runner(self.pair.draft, draft_states, target)
+        with timed(self.stats, "window_s", self.device):
+            target = make_runner(self.pair.target, target_states)
+            draft = None if draft_states is None else make_runner(self.pair.draft, draft_states, target)
         opts = self.opts
         policy = make_policy(opts.gamma_policy, opts.gamma, opts.gamma_max, target_states.device.type)
         active = list(range(B))
@@ -278,7 +279,7 @@ class _Loop:
     def _autoregressive_step(self, active: list[int], target: DecoderRunner) -> None:
         st = self.stats
         first = target.length == 0
-        with timed(st, "target_s", self.device):
+        with timed(st, "target_s", self.device), timed(st, "window_s" if first else None, self.device):
             L = len(self.seqs[active[0]])
             last = L - (self.sot_index if first else target.length)  # first pass: from sot, skip the prompt
             logits = target(self._tensor(active, target.length, L), last)  # [B, last, V]
@@ -318,7 +319,7 @@ class _Loop:
                 d_logits.append(rows)
         st.draft_calls += gamma
         first = target.length == 0
-        with timed(st, "target_s", dev):
+        with timed(st, "target_s", dev), timed(st, "window_s" if first else None, dev):
             feed = self._tensor(active, target.length, L + gamma, props)
             logits = target(feed, feed.shape[1] - self.sot_index if first else gamma + 1)  # [B, k, V]
             if first:

@@ -26,6 +26,7 @@ class DecodeStats:
     target_s: float = 0.0  # wall seconds in target forward passes (incl. logit filters)
     verify_s: float = 0.0  # wall seconds in the verifier
     decoder_s: float = 0.0  # wall seconds of the whole decoding loop
+    window_s: float = 0.0  # of decoder_s, paid once per window: runner set-up, first target pass
     verify_times: list[float] = field(default_factory=list)  # verifier seconds of each verify pass
 
     @property
@@ -63,6 +64,7 @@ class DecodeStats:
             "target_s",
             "verify_s",
             "decoder_s",
+            "window_s",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_hist = self.accepted_hist + other.accepted_hist
@@ -92,9 +94,12 @@ class DecodeStats:
 
 
 @contextmanager
-def timed(stats: DecodeStats, name: str, device: torch.device):
-    """Adds the wall time of the block to `stats.<name>`; on CUDA, synchronises first so the
-    time is the device's, not the launch's."""
+def timed(stats: DecodeStats, name: str | None, device: torch.device):
+    """Adds the wall time of the block to `stats.<name>` (name None: times nothing); on CUDA,
+    synchronises first so the time is the device's, not the launch's."""
+    if name is None:
+        yield
+        return
     sync = device.type == "cuda"
     if sync:
         torch.cuda.synchronize(device)

@@ -63,6 +63,26 @@ def test_gamma_never_overruns_the_token_limit(tiny):
     assert len(spec.tokens) <= 11
 
 
+@pytest.mark.parametrize("mode", ["autoregressive", "exact"])
+def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monkeypatch):
+    """window_s counts runner set-up and the first target pass, once per window."""
+    slow = 0.02
+    make = decoding.make_runner
+
+    def slow_make(*args, **kwargs):  # a set-up that takes a known time
+        import time
+
+        time.sleep(slow)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "make_runner", slow_make)
+    opts = DecodeOptions(mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    stats = decode(tiny, _mels(1), opts)[0].stats
+    runners = 1 if mode == "autoregressive" else 2
+    assert runners * slow < stats.window_s < stats.decoder_s  # set-up, plus a first pass
+    assert stats.merge(stats).window_s == pytest.approx(2 * stats.window_s)
+
+
 @pytest.fixture(params=["lean", "transformers"])
 def runner_kind(request, monkeypatch):
     """Both decoder loops: `LeanRunner` (CPU fp32) and `DecoderRunner` (elsewhere)."""

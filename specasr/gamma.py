@@ -31,18 +31,14 @@ def theoretical_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
 
 
-def best_speedup(alpha: float, c: float, verify: dict[int, float], gamma_max: int = 16) -> tuple[float, int]:
-    """The best speedup any fixed γ can give, and that γ: max over γ of
-    E[tokens | γ] / (v(γ+1) + γc), where verify[k] = v(k) = (target pass over k tokens) /
-    (target pass over 1 token), measured. With v ≡ 1 this is the best
+def best_speedup(alpha: float, c: float, verify: dict[int, float]) -> tuple[float, int]:
+    """The best speedup any fixed γ can give, and that γ: max over the γ with a measured
+    v(γ+1) of E[tokens | γ] / (v(γ+1) + γc), where verify[k] = v(k) = (target pass over k
+    tokens) / (target pass over 1 token). With v ≡ 1 this is the best
     `theoretical_speedup`. It counts no per-window costs and no loop overhead, so it bounds
     what the decoding loop can reach with this draft on this machine."""
-    best = (0.0, 0)
-    for g in range(1, gamma_max + 1):
-        if g + 1 not in verify:
-            continue
-        best = max(best, (expected_tokens(alpha, g) / (verify[g + 1] + g * c), g))
-    return best
+    gammas = [k - 1 for k in verify if k >= 2]
+    return max(((expected_tokens(alpha, g) / (verify[g + 1] + g * c), g) for g in gammas), default=(0.0, 0))
 
 
 def crossing(goal: float, f, lo: float, hi: float) -> float | None:

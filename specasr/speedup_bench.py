@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import click
 
@@ -69,9 +69,29 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
     }
 
 
-def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> dict:
-    """Median ms of one target pass over k new tokens (decoder + output projection), for each
-    k, and of one draft step: the verification cost curve the theory assumes flat."""
+@dataclass
+class StepCosts:
+    """Median ms of one pass: the target over k new tokens, per k (what decoding uses, and
+    the Hugging Face module it replaces on CPU), and one draft step."""
+
+    target: dict[int, float]
+    transformers: dict[int, float] = field(default_factory=dict)
+    draft: float | None = None
+
+    def verify_curve(self) -> dict[int, float]:
+        """v(k) = pass over k tokens ÷ pass over 1: the curve the theory assumes flat."""
+        return {k: ms / self.target[1] for k, ms in self.target.items()}
+
+    def table(self) -> str:
+        rows = [(f"target k={k}", ms) for k, ms in self.target.items()]
+        rows += [(f"target k={k}, transformers module", ms) for k, ms in self.transformers.items()]
+        rows += [] if self.draft is None else [("draft step", self.draft)]
+        return "| pass | ms |\n|---|---|\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in rows)
+
+
+def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> StepCosts:
+    """Times one target pass over k new tokens (decoder + output projection) for each k, and
+    one draft step."""
     import torch
 
     from specasr.decoding import DecoderRunner, make_runner
@@ -91,20 +111,19 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> dict:
             runner.rollback(prefix.shape[1])
         return 1e3 * statistics.median(times)
 
-    out = {f"target k={k}": median_ms(make_runner(pair.target, target_states), k) for k in ks}
+    costs = StepCosts({k: median_ms(make_runner(pair.target, target_states), k) for k in ks})
     if LeanDecoder.supports(pair.target):  # the Hugging Face module it replaces, for comparison
-        hf = {k: median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
-        out |= {f"target k={k}, transformers module": ms for k, ms in hf.items()}
+        costs.transformers = {k: median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
     if pair.draft is not None:
-        out["draft step"] = median_ms(make_runner(pair.draft, draft_states), 1)
-    return out
+        costs.draft = median_ms(make_runner(pair.draft, draft_states), 1)
+    return costs
 
 
 def _or_unreachable(x: float | None) -> str:
     return "unreachable" if x is None else f"{x:.3f}"
 
 
-def _bound_rows(lf: dict, costs: dict, goal: float, e2e_goal: float) -> list[tuple[str, str]]:
+def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float) -> list[tuple[str, str]]:
     """What decoding could reach at the measured α̂, c and verification curve v(k), and what
     a decoder-phase `goal` and an end-to-end `e2e_goal` would take. The loop's best is
     gamma.best_speedup (no overhead). The decoder phase adds back the per-window work both
@@ -114,20 +133,16 @@ def _bound_rows(lf: dict, costs: dict, goal: float, e2e_goal: float) -> list[tup
 
     from specasr.gamma import best_speedup, crossing
 
-    t1 = costs["target k=1"]
-    lean = {k: ms for k, ms in costs.items() if k.startswith("target k=") and "," not in k}
-    verify = {int(k.split("=")[1]): ms / t1 for k, ms in lean.items()}
-    g_max = max(verify) - 1
     D, F, W = lf["ar_decoder"], lf["ar_window"], lf["ar_wall"]
 
     def phase(alpha: float, c: float) -> float:
-        return D / (F + (D - F) / best_speedup(alpha, c, verify, g_max)[0])
+        return D / (F + (D - F) / best_speedup(alpha, c, verify)[0])
 
     def end_to_end(alpha: float, c: float) -> float:  # log-Mel and encoder unchanged
         return W / (W - D + D / phase(alpha, c))
 
     alpha, c = lf["token_alpha"], lf["c"]
-    loop, g = best_speedup(alpha, c, verify, g_max)
+    loop, g = best_speedup(alpha, c, verify)
     need_a = crossing(goal, lambda a: phase(a, c), 0.0, 0.999)
     need_c = crossing(goal, lambda x: phase(alpha, x), 0.0, 1.0)
     need_a_e2e = crossing(e2e_goal, lambda a: end_to_end(a, c), 0.0, 0.999)
@@ -174,8 +189,7 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
     report = run_bench(pair, file_mels(pair, files), opts, repeats=repeats)
     click.echo(f"### {len(files)} LibriVox clips, one window each\n\n{report.table()}\n")
     costs = step_costs(pair, file_mels(pair, files[:1])[0])
-    click.echo("### Step costs (median ms)\n\n| pass | ms |\n|---|---|")
-    click.echo("\n".join(f"| {k} | {v:.1f} |" for k, v in costs.items()) + "\n")
+    click.echo(f"### Step costs (median ms)\n\n{costs.table()}\n")
     base = TranscribeOptions()
     lf_opts = replace(base, decode=replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens))
     lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats)
@@ -194,7 +208,7 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
         ("cost ratio c", f"{lf['c']:.3f}"),
         ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
     ]
-    rows += _bound_rows(lf, costs, goal=1.5, e2e_goal=1.2)
+    rows += _bound_rows(lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2)
     click.echo("### Long-form fixture, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
 

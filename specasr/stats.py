@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -51,22 +51,10 @@ class DecodeStats:
     def merge(self, other: DecodeStats) -> DecodeStats:
         """Sum of two stats (used to aggregate windows, files and batches)."""
         out = DecodeStats()
-        for name in (
-            "target_calls",
-            "draft_calls",
-            "proposed",
-            "accepted",
-            "rejected",
-            "emitted",
-            "row_steps",
-            "encoder_s",
-            "draft_s",
-            "target_s",
-            "verify_s",
-            "decoder_s",
-            "window_s",
-        ):
-            setattr(out, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):  # counts and seconds add; the histogram and lists below
+            mine = getattr(self, f.name)
+            if isinstance(mine, (int, float)):
+                setattr(out, f.name, mine + getattr(other, f.name))
         out.accepted_hist = self.accepted_hist + other.accepted_hist
         out.gammas = self.gammas + other.gammas
         out.verify_times = self.verify_times + other.verify_times

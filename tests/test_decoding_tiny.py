@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -70,8 +71,6 @@ def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monk
     make = decoding.make_runner
 
     def slow_make(*args, **kwargs):  # a set-up that takes a known time
-        import time
-
         time.sleep(slow)
         return make(*args, **kwargs)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from specasr.gamma import best_speedup
-from specasr.speedup_bench import _bound_rows
+from specasr.speedup_bench import StepCosts, _bound_rows
 
 
 def _rows(curve: dict[int, float], **lf) -> dict[str, str]:
-    costs = {f"target k={k}": 20.0 * v for k, v in curve.items()}
-    costs["target k=1, transformers module"] = 99.0  # the comparison rows are not the curve
+    costs = StepCosts({k: 20.0 * v for k, v in curve.items()}, transformers={1: 99.0}, draft=5.0)
     base = {"ar_decoder": 4.0, "ar_window": 0.0, "ar_wall": 4.0, "token_alpha": 0.85, "c": 0.25}
-    return dict(_bound_rows(base | lf, costs, goal=1.5, e2e_goal=1.2))
+    return dict(_bound_rows(base | lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2))
 
 
 LOOP = "best loop speedup at this α̂, c and v (gamma.best_speedup)"
@@ -26,7 +25,7 @@ def _x(cell: str) -> float:
 def test_without_per_window_work_or_encoder_the_phase_bound_is_the_loop_bound():
     curve = {k: 1.0 + 0.05 * (k - 1) for k in range(1, 9)}
     rows = _rows(curve)
-    loop = best_speedup(0.85, 0.25, curve, gamma_max=7)[0]
+    loop = best_speedup(0.85, 0.25, curve)[0]
     assert _x(rows[LOOP]) == pytest.approx(loop, abs=0.005)
     assert _x(rows["best decoder-phase speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
     assert _x(rows["best end-to-end speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)

@@ -59,7 +59,19 @@ main.add_command(distill)
     help="Instead of timing, save paired target/draft logits along the greedy transcripts.",
 )
 def bench(
-    files, model, draft, modes, gamma, gamma_policy, temperature, repeats, mels, device, dtype, dump_logits
+    files,
+    model,
+    draft,
+    modes,
+    gamma,
+    gamma_policy,
+    draft_stop,
+    temperature,
+    repeats,
+    mels,
+    device,
+    dtype,
+    dump_logits,
 ):
     """Speculative vs autoregressive decoding on FILES (default: the bundled example), interleaved."""
     from importlib.resources import files as resources
@@ -83,6 +95,7 @@ def bench(
             mode=mode,
             gamma=gamma,
             gamma_policy=gamma_policy,
+            draft_stop=draft_stop,
             temperature=temperature,
             gamma_max=max(DEFAULTS.gamma_max, gamma),
         )

@@ -69,4 +69,11 @@ gamma_options = _stack(
     click.option(
         "--gamma-policy", type=click.Choice(GAMMA_POLICIES), default=DEFAULTS.gamma_policy, show_default=True
     ),
+    click.option(
+        "--draft-stop",
+        type=click.FloatRange(0, 1, max_open=True),
+        default=DEFAULTS.draft_stop,
+        show_default=True,
+        help="End a draft run at a proposal the draft gives probability below this (0: always γ). Exact.",
+    ),
 )

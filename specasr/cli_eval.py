@@ -89,8 +89,8 @@ def _eval_report(output_dir: str, config: dict, records: list[dict]) -> dict:
     "--shard", default="0/1", show_default=True, help="I/N: this process takes every N-th utterance."
 )
 def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, temperature, gamma,
-          gamma_policy, max_new_tokens, paper, limit, fraction, seed, batch_size, output_dir, shard,
-          device, dtype):  # fmt: skip
+          gamma_policy, draft_stop, max_new_tokens, paper, limit, fraction, seed, batch_size, output_dir,
+          shard, device, dtype):  # fmt: skip
     """WER and speculative-decoding metrics of dataset NAME, per mode.
 
     NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, or manifest (--data-dir is
@@ -128,6 +128,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
             temperature=temperature,
             gamma=gamma,
             gamma_policy=gamma_policy,
+            draft_stop=draft_stop,
             gamma_max=max(DEFAULTS.gamma_max, gamma),
             max_new_tokens=max_new_tokens,
             seed=seed,

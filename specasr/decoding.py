@@ -115,6 +115,20 @@ def _pick(logits: Tensor, temperature: float, gen: torch.Generator) -> Tensor:
     return (logits.float() / temperature - noise.log()).argmax(dim=-1)
 
 
+def _confidence(rows: Tensor, picked: Tensor, temperature: float) -> float:
+    """The least, over the batch's rows, of the draft's probability of the token it picked:
+    q(d) = softmax(rows / T)[d], with T = 1 for greedy drafts. rows [B, V] (filtered), picked [B].
+
+    The draft-confidence stop ends a draft run on a proposal it is unsure of: the tokens
+    after it would probably be rejected, so their draft steps and verify positions would
+    be wasted. Exactness is untouched: when to stop depends only on the draft's own
+    proposals, each proposal is still verified against the target's distribution, and
+    every position the draft did not reach is drawn from the target itself."""
+    scaled = rows.float() / (temperature if temperature > 0 else 1.0)
+    logq = scaled.gather(1, picked[:, None])[:, 0] - torch.logsumexp(scaled, -1)  # [B]
+    return float(logq.min().exp())
+
+
 def start_sequence(
     pair, options: DecodeOptions, language: str | None, prompt: list[int] | None
 ) -> tuple[list[int], int]:
@@ -271,8 +285,8 @@ class _Loop:
             if gamma == 0:
                 self._autoregressive_step(active, target)
             else:
-                m, draft_s, target_s = self._speculative_step(active, target, draft, gamma)
-                policy.update(gamma, m, draft_s, target_s)
+                used, m, draft_s, target_s = self._speculative_step(active, target, draft, gamma)
+                policy.update(used, m, draft_s, target_s)
             active = self._finish(active, [target] + ([draft] if draft is not None else []))
 
     # ---- target only --------------------------------------------------------------------
@@ -302,7 +316,9 @@ class _Loop:
     # ---- speculative --------------------------------------------------------------------
     def _speculative_step(
         self, active: list[int], target: DecoderRunner, draft: DecoderRunner, gamma: int
-    ) -> tuple[int, float, float]:
+    ) -> tuple[int, int, float, float]:
+        """One draft run and verify pass; returns (γ used, fewest accepted, draft s, target s).
+        γ used is below `gamma` when the draft-confidence stop ended the run early."""
         st, opts, dev = self.stats, self.opts, self.device
         B, L = len(active), len(self.seqs[active[0]])
         props: list[list[int]] = [[] for _ in active]  # proposals d1 … dγ per row
@@ -313,10 +329,19 @@ class _Loop:
                 feed = self._tensor(active, draft.length, L + i, props)
                 rows = draft(feed, 1)[:, -1].contiguous()  # [B, V]
                 apply_filters(self.filters, rows, [self.seqs[r] + props[j] for j, r in enumerate(active)])
-                tok = _pick(rows, opts.temperature, self.gen).tolist()
+                picked = _pick(rows, opts.temperature, self.gen)  # [B]
+                tok = picked.tolist()
                 for j in range(B):
                     props[j].append(tok[j])
                 d_logits.append(rows)
+                if (
+                    opts.draft_stop > 0
+                    and i + 1 < gamma
+                    and _confidence(rows, picked, opts.temperature) < opts.draft_stop
+                ):
+                    gamma = i + 1
+                    st.draft_stops += 1
+                    break
         st.draft_calls += gamma
         first = target.length == 0
         with timed(st, "target_s", dev), timed(st, "window_s" if first else None, dev):
@@ -372,4 +397,4 @@ class _Loop:
         st.gammas.append(gamma)
         target.rollback(L + m)
         draft.rollback(min(draft.length, L + m))
-        return m, st.draft_s - draft_before, st.target_s - target_before
+        return gamma, m, st.draft_s - draft_before, st.target_s - target_before

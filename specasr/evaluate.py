@@ -92,6 +92,7 @@ def paper_options(options: EvalOptions) -> EvalOptions:
         temperature=1.0,
         gamma=5,
         gamma_policy="adaptive",
+        draft_stop=0.0,  # the paper's drafts always run to γ
         max_new_tokens=256,
         sigmoid_scale=(-1e3, 1e3),
     )

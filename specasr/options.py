@@ -20,6 +20,7 @@ class DecodeOptions:
     gamma: int = 4  # draft tokens per step: the fixed value, or the adaptive/analytic start
     gamma_policy: str = "auto"  # auto (CPU: fixed, CUDA: adaptive) | fixed | adaptive | analytic
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
+    draft_stop: float = 0.0  # stop drafting once q(proposal) < this (0 = always γ); exact
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)
     task: str = "transcribe"  # transcribe | translate
     timestamps: bool = False  # predict timestamp tokens (and apply Whisper's timestamp rules)
@@ -41,6 +42,8 @@ class DecodeOptions:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 1 <= self.gamma <= self.gamma_max:
             raise ValueError(f"need 1 <= gamma <= gamma_max, got {self.gamma} and {self.gamma_max}")
+        if not 0 <= self.draft_stop < 1:
+            raise ValueError(f"draft_stop must be in [0, 1), got {self.draft_stop}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.task not in ("transcribe", "translate"):

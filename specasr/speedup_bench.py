@@ -65,6 +65,7 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
         "tokens_per_call": spec_stats.tokens_per_target_call,
         "c": draft_step / ar_step,
         "mean_gamma": sum(spec_stats.gammas) / max(1, len(spec_stats.gammas)),
+        "stopped": spec_stats.draft_stops / max(1, len(spec_stats.gammas)),
         "identical": identical,
     }
 
@@ -126,10 +127,12 @@ def _or_unreachable(x: float | None) -> str:
 def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float) -> list[tuple[str, str]]:
     """What decoding could reach at the measured α̂, c and verification curve v(k), and what
     a decoder-phase `goal` and an end-to-end `e2e_goal` would take. The loop's best is
-    gamma.best_speedup (no overhead). The decoder phase adds back the per-window work both
-    modes do alike (runner set-up with the cross K/V, the first pass over the prompt),
-    measured in the autoregressive runs: D / (F + (D − F) / loop best). End to end adds the
-    log-Mel and encoder time, which speculation does not change."""
+    gamma.best_speedup (no overhead), for drafts that always run to γ: the confidence stop
+    (DecodeOptions.draft_stop) chooses each run's length and can go past it. The decoder
+    phase adds back the per-window work both modes do alike (runner set-up with the cross
+    K/V, the first pass over the prompt), measured in the autoregressive runs:
+    D / (F + (D − F) / loop best). End to end adds the log-Mel and encoder time, which
+    speculation does not change."""
 
     from specasr.gamma import best_speedup, crossing
 
@@ -149,12 +152,12 @@ def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float
     curve = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(verify.items()))
     return [
         ("verification cost v(k) = pass over k tokens ÷ pass over 1", curve),
-        ("best loop speedup at this α̂, c and v (gamma.best_speedup)", f"{loop:.2f}× at γ = {g}"),
+        ("best fixed-γ loop speedup at this α̂, c and v (gamma.best_speedup)", f"{loop:.2f}× at γ = {g}"),
         ("per-window share of the autoregressive decoder phase", f"{F / D:.2f} ({F:.2f} of {D:.2f} s)"),
-        ("best decoder-phase speedup at this α̂, c and v", f"{phase(alpha, c):.2f}×"),
+        ("best fixed-γ decoder-phase speedup at this α̂, c and v", f"{phase(alpha, c):.2f}×"),
         (f"α̂ for {goal}× decoder phase at this c and v", _or_unreachable(need_a)),
         (f"c for {goal}× decoder phase at this α̂ and v", _or_unreachable(need_c)),
-        ("best end-to-end speedup at this α̂, c and v", f"{end_to_end(alpha, c):.2f}×"),
+        ("best fixed-γ end-to-end speedup at this α̂, c and v", f"{end_to_end(alpha, c):.2f}×"),
         (f"α̂ for {e2e_goal}× end to end at this c and v", _or_unreachable(need_a_e2e)),
     ]
 
@@ -165,12 +168,13 @@ def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float
 @click.option("--mode", default="exact", show_default=True)
 @click.option("--gamma", type=int, default=DecodeOptions.gamma, show_default=True)
 @click.option("--gamma-policy", default=DecodeOptions.gamma_policy, show_default=True)
+@click.option("--draft-stop", type=float, default=DecodeOptions.draft_stop, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
 @click.option("--device", default="cpu", show_default=True)
-def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None:
+def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, device) -> None:
     from pathlib import Path
 
     import torch
@@ -182,10 +186,11 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
     pair = load_pair(model, draft, device=device)
     click.echo(
         f"{model} + draft {pair.draft_name}, mode {mode}, γ {gamma_policy} from {gamma}, "
+        f"draft stop {draft_stop}, "
         f"device {pair.device}, {torch.get_num_threads()} threads, {repeats} repeats, T = 0\n"
     )
     files = sorted(Path(data).glob("*.wav"))
-    opts = DecodeOptions(mode=mode, gamma=gamma, gamma_policy=gamma_policy)
+    opts = DecodeOptions(mode=mode, gamma=gamma, gamma_policy=gamma_policy, draft_stop=draft_stop)
     report = run_bench(pair, file_mels(pair, files), opts, repeats=repeats)
     click.echo(f"### {len(files)} LibriVox clips, one window each\n\n{report.table()}\n")
     costs = step_costs(pair, file_mels(pair, files[:1])[0])
@@ -205,6 +210,7 @@ def main(model, draft, mode, gamma, gamma_policy, repeats, data, device) -> None
         ("accepted / proposed", f"{lf['alpha']:.3f}"),
         ("tokens per target call", f"{lf['tokens_per_call']:.2f}"),
         ("mean γ", f"{lf['mean_gamma']:.2f}"),
+        ("share of draft runs ended by the confidence stop", f"{lf['stopped']:.2f}"),
         ("cost ratio c", f"{lf['c']:.3f}"),
         ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
     ]

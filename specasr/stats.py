@@ -20,6 +20,7 @@ class DecodeStats:
     emitted: int = 0  # tokens appended to the output, summed over rows (accepted + corrections/bonus)
     row_steps: int = 0  # (row, verify pass) pairs: the denominator of tokens per target call
     accepted_hist: Counter = field(default_factory=Counter)  # n accepted -> how many (row, pass) pairs
+    draft_stops: int = 0  # draft runs the confidence stop ended before γ (DecodeOptions.draft_stop)
     gammas: list[int] = field(default_factory=list)  # γ used at each verify pass
     encoder_s: float = 0.0  # wall seconds in the encoder(s)
     draft_s: float = 0.0  # wall seconds in draft forward passes (incl. sampling the proposal)

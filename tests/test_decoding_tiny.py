@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -99,14 +100,23 @@ def test_both_runners_decode_identically(tiny, ar_reference, runner_kind):
     assert [r.tokens for r in ar] == ar_reference
 
 
-def test_rollback_equals_cache_from_scratch(tiny, monkeypatch, runner_kind):
-    """After every verify pass, both KV caches equal caches computed afresh on the prefix."""
+def _parity_stop(rows, picked, temperature):
+    """A stand-in confidence that depends on the draft's own sample: row 0's proposal odd ->
+    "unsure" (0.0), so a run ends there whenever draft_stop > 0."""
+    return 0.0 if int(picked[0]) % 2 else 1.0
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_rollback_equals_cache_from_scratch(tiny, monkeypatch, runner_kind, stop):
+    """After every verify pass, both KV caches equal caches computed afresh on the prefix,
+    also when the draft-confidence stop ends runs early."""
     checked = {"rejections": 0}
     original = decoding._Loop._speculative_step
 
     def checked_step(self, active, target, draft, gamma):
         out = original(self, active, target, draft, gamma)
-        checked["rejections"] += out[0] < gamma
+        used, m = out[0], out[1]  # γ used, fewest accepted
+        checked["rejections"] += m < used
         for runner, model in ((target, self.pair.target), (draft, self.pair.draft)):
             fresh = make_runner(model, runner.states)
             fresh(self._tensor(active, 0, runner.length), 1)
@@ -116,9 +126,56 @@ def test_rollback_equals_cache_from_scratch(tiny, monkeypatch, runner_kind):
         return out
 
     monkeypatch.setattr(decoding._Loop, "_speculative_step", checked_step)
-    opts = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=30)
-    decode(tiny, _mels(2), opts)
+    if stop:
+        monkeypatch.setattr(decoding, "_confidence", _parity_stop)
+    opts = DecodeOptions(
+        mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=30, draft_stop=0.5 if stop else 0.0
+    )
+    stats = decode(tiny, _mels(2), opts)[0].stats
     assert checked["rejections"] >= 3
+    assert (0 < stats.draft_stops < len(stats.gammas)) if stop else stats.draft_stops == 0
+
+
+# ---- the draft-confidence stop ---------------------------------------------------------------
+def test_confidence_is_the_least_row_probability_of_the_picked_token():
+    rows = torch.tensor([[0.0, 0.0, -math.inf], [2.0, 0.0, 0.0]])  # [B=2, V=3], filtered
+    picked = torch.tensor([1, 0])
+    e2 = math.exp(2)
+    assert decoding._confidence(rows, picked, 0.0) == pytest.approx(min(0.5, e2 / (e2 + 2)))
+    assert decoding._confidence(rows, picked, 1.0) == pytest.approx(0.5)  # T = 0 scores at T = 1
+    e4 = math.exp(4)  # at T = 0.5, row 1's pick has e^4 / (e^4 + 2)
+    assert decoding._confidence(rows[1:], picked[1:], 0.5) == pytest.approx(e4 / (e4 + 2))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_draft_stop_is_exact_at_t0_and_shortens_runs(tiny, ar_reference, batch, monkeypatch):
+    seen = []
+    real = decoding._confidence
+
+    def spy(rows, picked, temperature):
+        seen.append(real(rows, picked, temperature))
+        return seen[-1]
+
+    monkeypatch.setattr(decoding, "_confidence", spy)
+    opts = DecodeOptions(mode="baseline", gamma=5, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    full = decode(tiny, _mels(3)[:batch], replace(opts, draft_stop=1e-12))[0].stats  # never stops
+    assert (
+        full.draft_stops == 0 and full.gammas.count(5) > len(full.gammas) // 2
+    )  # (the token limit clips the last)
+    threshold = sorted(seen)[len(seen) // 4]  # the lower quartile of the q(d) observed
+    results = decode(tiny, _mels(3)[:batch], replace(opts, draft_stop=threshold))
+    assert [r.tokens for r in results] == ar_reference[:batch]
+    st = results[0].stats
+    assert st.draft_stops > 0 and min(st.gammas) < 5
+    assert st.draft_calls == sum(st.gammas) < full.draft_calls
+    assert st.proposed == batch * sum(st.gammas)
+
+
+def test_draft_stop_must_be_a_probability_below_one():
+    with pytest.raises(ValueError, match="draft_stop"):
+        DecodeOptions(draft_stop=1.0)
+    with pytest.raises(ValueError, match="draft_stop"):
+        DecodeOptions(draft_stop=-0.1)
 
 
 # ---- sampling: the output distribution is the target's --------------------------------------
@@ -221,6 +278,16 @@ def test_sampling_check_rejects_an_always_accepting_verifier(sampling_setup, mon
     tv = _tv(counts, N_SAMPLES, exact)
     print(f"TV(always-accept, target) = {tv:.4f}; bound = {bound:.4f}")
     assert tv > bound
+
+
+def test_sampling_with_a_draft_dependent_stop_matches_target_distribution(sampling_setup, monkeypatch):
+    """Ending a draft run on the draft's own sample keeps the target's distribution."""
+    pair, mel, opts, exact, bound = sampling_setup
+    monkeypatch.setattr(decoding, "_confidence", _parity_stop)
+    counts = _sample_outcomes(pair, mel, replace(opts, gamma=3, draft_stop=0.5))
+    tv = _tv(counts, N_SAMPLES, exact)
+    print(f"TV(speculative with stops, target) = {tv:.4f}; bound = {bound:.4f}")
+    assert tv <= bound
 
 
 def test_autoregressive_sampling_matches_target_distribution(sampling_setup):

@@ -14,7 +14,7 @@ def _rows(curve: dict[int, float], **lf) -> dict[str, str]:
     return dict(_bound_rows(base | lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2))
 
 
-LOOP = "best loop speedup at this α̂, c and v (gamma.best_speedup)"
+LOOP = "best fixed-γ loop speedup at this α̂, c and v (gamma.best_speedup)"
 NEED_C = "c for 1.5× decoder phase at this α̂ and v"
 
 
@@ -27,8 +27,8 @@ def test_without_per_window_work_or_encoder_the_phase_bound_is_the_loop_bound():
     rows = _rows(curve)
     loop = best_speedup(0.85, 0.25, curve)[0]
     assert _x(rows[LOOP]) == pytest.approx(loop, abs=0.005)
-    assert _x(rows["best decoder-phase speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
-    assert _x(rows["best end-to-end speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
+    assert _x(rows["best fixed-γ decoder-phase speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
+    assert _x(rows["best fixed-γ end-to-end speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
 
 
 def test_shared_costs_dilute_the_bound_and_raise_what_a_goal_needs():
@@ -37,9 +37,11 @@ def test_shared_costs_dilute_the_bound_and_raise_what_a_goal_needs():
     loop = _x(heavy[LOOP])
     # D / (F + (D − F) / loop) with D = 4, F = 1; end to end W / (W − D + D / phase), W = 7
     phase = 4.0 / (1.0 + 3.0 / loop)
-    assert _x(heavy["best decoder-phase speedup at this α̂, c and v"]) == pytest.approx(phase, abs=0.005)
+    assert _x(heavy["best fixed-γ decoder-phase speedup at this α̂, c and v"]) == pytest.approx(
+        phase, abs=0.005
+    )
     e2e = 7.0 / (3.0 + 4.0 / phase)
-    assert _x(heavy["best end-to-end speedup at this α̂, c and v"]) == pytest.approx(e2e, abs=0.005)
+    assert _x(heavy["best fixed-γ end-to-end speedup at this α̂, c and v"]) == pytest.approx(e2e, abs=0.005)
     key = "α̂ for 1.5× decoder phase at this c and v"
     assert float(heavy[key]) > float(lean[key])
     assert float(heavy[NEED_C]) < float(lean[NEED_C])  # shared costs ask for a cheaper draft

@@ -193,8 +193,8 @@ class Example:
 def teacher(pair, records: list[dict], vocab_ids: torch.Tensor, opts: DistillOptions):
     """Stage 2: label shards (as `label` wrote them) -> (states [n,1500,d] fp16, examples).
     One batched teacher-forced pass per shard."""
-    from specasr.decoding import start_sequence
-    from specasr.filters import apply_filters, build_filters
+    from specasr.decoding import start_sequence, task_filters
+    from specasr.filters import apply_filters
     from specasr.options import DecodeOptions
 
     tok = pair.tokenizer
@@ -227,15 +227,7 @@ def teacher(pair, records: list[dict], vocab_ids: torch.Tensor, opts: DistillOpt
         hidden = hidden.last_hidden_state  # [b, T, d]; right padding does not reach earlier positions
         for j, (seq, begin) in enumerate(zip(seqs, begins)):
             logits = pair.target.proj_out(hidden[j, begin - 1 : len(seq) - 1]).float()  # [n, V]
-            filters = build_filters(
-                tok,
-                vocab_size=pair.vocab_size,
-                sample_begin=begin,
-                suppress_tokens=pair.suppress_tokens,
-                begin_suppress_tokens=pair.begin_suppress_tokens,
-                suppress_blank=True,
-                timestamps=ts,
-            )
+            filters = task_filters(pair, DecodeOptions(mode="autoregressive", timestamps=ts), begin)
             apply_filters(filters, logits, [seq[:i] for i in range(begin, len(seq))])
             p = torch.softmax(logits, -1)[:, cols].cpu()  # [n, N]
             top_p, top_idx = p.topk(min(opts.top_k, p.shape[1]), dim=-1)

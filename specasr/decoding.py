@@ -141,6 +141,19 @@ def start_sequence(
     return prev + seq, len(prev)
 
 
+def task_filters(pair, options: DecodeOptions, sample_begin: int) -> list[LogitFilter]:
+    """Whisper's logit filters for decoding with `options` after `sample_begin` prompt tokens."""
+    return build_filters(
+        pair.tokenizer,
+        vocab_size=pair.vocab_size,
+        sample_begin=sample_begin,
+        suppress_tokens=pair.suppress_tokens if options.suppress_tokens else (),
+        begin_suppress_tokens=pair.begin_suppress_tokens,
+        suppress_blank=options.suppress_blank,
+        timestamps=options.timestamps,
+    )
+
+
 @torch.inference_mode()
 def detect_language(pair, target_states: Tensor) -> list[str]:
     """Most likely language per row, from the target's logits after <|startoftranscript|>."""
@@ -195,15 +208,7 @@ def decode_states(
     )
     if limit <= sample_begin:
         raise ValueError(f"the prompt leaves no room to decode ({sample_begin} of {N_TEXT_CTX} positions)")
-    filters = build_filters(
-        pair.tokenizer,
-        vocab_size=pair.vocab_size,
-        sample_begin=sample_begin,
-        suppress_tokens=pair.suppress_tokens if options.suppress_tokens else (),
-        begin_suppress_tokens=pair.begin_suppress_tokens,
-        suppress_blank=options.suppress_blank,
-        timestamps=options.timestamps,
-    )
+    filters = task_filters(pair, options, sample_begin)
     loop = _Loop(pair, options, filters, stats, init, sot_index, limit)
     with timed(stats, "decoder_s", pair.device):
         loop.run(target_states, draft_states if options.speculative else None)

@@ -17,6 +17,8 @@ from specasr.options import DecodeOptions
 from specasr.testing import random_tiny_pair
 
 MAX_NEW = 40
+# Random drafts are never confident, so the draft-confidence stop would end every run after one
+# token: tests of γ and of the verify path turn it off (draft_stop=0.0) unless they test the stop.
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,9 @@ def ar_reference(tiny):
     "policy,gamma", [("fixed", 1), ("fixed", 3), ("fixed", 5), ("fixed", 8), ("adaptive", 5), ("analytic", 5)]
 )
 def test_greedy_speculative_equals_autoregressive(tiny, ar_reference, batch, policy, gamma):
-    opts = DecodeOptions(mode="baseline", gamma=gamma, gamma_policy=policy, max_new_tokens=MAX_NEW)
+    opts = DecodeOptions(
+        draft_stop=0.0, mode="baseline", gamma=gamma, gamma_policy=policy, max_new_tokens=MAX_NEW
+    )
     results = decode(tiny, _mels(3)[:batch], opts)
     assert [r.tokens for r in results] == ar_reference[:batch]
     stats = results[0].stats
@@ -50,7 +54,9 @@ def test_greedy_speculative_equals_autoregressive(tiny, ar_reference, batch, pol
 
 
 def test_batch_rows_match_single_rows(tiny):
-    opts = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    opts = DecodeOptions(
+        draft_stop=0.0, mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=MAX_NEW
+    )
     mel = _mels(3, seed=5)
     batched = [r.tokens for r in decode(tiny, mel, opts)]
     single = [decode(tiny, mel[i : i + 1], opts)[0].tokens for i in range(3)]
@@ -58,7 +64,7 @@ def test_batch_rows_match_single_rows(tiny):
 
 
 def test_gamma_never_overruns_the_token_limit(tiny):
-    opts = DecodeOptions(mode="baseline", gamma=8, gamma_policy="fixed", max_new_tokens=11)
+    opts = DecodeOptions(draft_stop=0.0, mode="baseline", gamma=8, gamma_policy="fixed", max_new_tokens=11)
     ref = decode(tiny, _mels(1), replace(opts, mode="autoregressive"))[0]
     spec = decode(tiny, _mels(1), opts)[0]
     assert spec.tokens == ref.tokens
@@ -76,7 +82,7 @@ def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monk
         return make(*args, **kwargs)
 
     monkeypatch.setattr(decoding, "make_runner", slow_make)
-    opts = DecodeOptions(mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    opts = DecodeOptions(draft_stop=0.0, mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
     stats = decode(tiny, _mels(1), opts)[0].stats
     runners = 1 if mode == "autoregressive" else 2
     assert runners * slow < stats.window_s < stats.decoder_s  # set-up, plus a first pass
@@ -92,7 +98,7 @@ def runner_kind(request, monkeypatch):
 
 
 def test_both_runners_decode_identically(tiny, ar_reference, runner_kind):
-    opts = DecodeOptions(mode="exact", gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    opts = DecodeOptions(draft_stop=0.0, mode="exact", gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
     runner = decoding.make_runner(tiny.target, torch.zeros(1, 1500, tiny.target.config.d_model))
     assert isinstance(runner, DecoderRunner) == (runner_kind == "transformers")
     assert [r.tokens for r in decode(tiny, _mels(3), opts)] == ar_reference
@@ -237,7 +243,13 @@ def sampling_setup():
     pair = toy_pair(seed=3)
     mel = torch.randn(1, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(11))
     opts = DecodeOptions(
-        mode="baseline", temperature=1.0, gamma=2, gamma_policy="fixed", max_new_tokens=N_TOKENS, seed=123
+        draft_stop=0.0,
+        mode="baseline",
+        temperature=1.0,
+        gamma=2,
+        gamma_policy="fixed",
+        max_new_tokens=N_TOKENS,
+        seed=123,
     )
     states, _ = pair.encode(mel)
     exact = _exact_distribution(pair, states, opts)
@@ -297,7 +309,7 @@ def test_autoregressive_sampling_matches_target_distribution(sampling_setup):
 
 
 def test_sampling_is_seeded(tiny):
-    opts = DecodeOptions(mode="baseline", temperature=1.0, gamma=3, max_new_tokens=20, seed=7)
+    opts = DecodeOptions(draft_stop=0.0, mode="baseline", temperature=1.0, gamma=3, max_new_tokens=20, seed=7)
     a, b = (decode(tiny, _mels(2), opts) for _ in range(2))
     assert [r.tokens for r in a] == [r.tokens for r in b]
     c = decode(tiny, _mels(2), replace(opts, seed=8))

@@ -104,7 +104,7 @@ def test_speculative_with_reduced_vocabulary_draft_is_exact(tiny, timestamps):
     pair = replace(tiny, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
     mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(4))
     opts = DecodeOptions(
-        mode="exact", timestamps=timestamps, max_new_tokens=40, gamma_policy="fixed", gamma=3
+        draft_stop=0.0, mode="exact", timestamps=timestamps, max_new_tokens=40, gamma_policy="fixed", gamma=3
     )
     ar = decode(pair, mel, replace(opts, mode="autoregressive"))
     for mode in ("baseline", "exact"):
@@ -120,7 +120,7 @@ def test_a_perfect_draft_is_never_rejected_and_per_token_alpha_is_one(tiny):
     draft = DistilledDraft.from_target(t, tuple(range(t.config.decoder_layers)), torch.arange(51865))
     pair = replace(tiny, draft=draft.attach(t), shared_encoder=True)
     mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(9))
-    opts = DecodeOptions(mode="exact", max_new_tokens=30, gamma_policy="fixed", gamma=4)
+    opts = DecodeOptions(draft_stop=0.0, mode="exact", max_new_tokens=30, gamma_policy="fixed", gamma=4)
     st = decode(pair, mel, opts)[0].stats
     assert st.accepted > 0 and st.rejected == 0 and st.token_acceptance == 1.0
     assert st.tokens_per_target_call > 3.0
@@ -175,7 +175,7 @@ def test_int8_draft_stays_exact(tiny):
     assert not torch.equal(quant, full)  # it really runs the int8 products
     pair = replace(tiny, draft=copy.deepcopy(draft).attach(t).quantize_int8(), shared_encoder=True)
     mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(5))
-    opts = DecodeOptions(mode="exact", gamma=4, gamma_policy="fixed", max_new_tokens=20)
+    opts = DecodeOptions(draft_stop=0.0, mode="exact", gamma=4, gamma_policy="fixed", max_new_tokens=20)
     spec, ar = decode(pair, mel, opts)[0], decode(pair, mel, replace(opts, mode="autoregressive"))[0]
     assert spec.tokens == ar.tokens and spec.stats.accepted > 0
 

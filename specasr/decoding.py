@@ -291,7 +291,7 @@ class _Loop:
                 self._autoregressive_step(active, target)
             else:
                 used, m, draft_s, target_s = self._speculative_step(active, target, draft, gamma)
-                policy.update(used, m, draft_s, target_s)
+                policy.update(used, m, draft_s, target_s, stopped=used < gamma)
             active = self._finish(active, [target] + ([draft] if draft is not None else []))
 
     # ---- target only --------------------------------------------------------------------

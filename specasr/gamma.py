@@ -2,7 +2,8 @@
 
 - auto:      fixed on CPU, adaptive elsewhere (see `make_policy`).
 - fixed:     γ never changes.
-- adaptive:  start at γ0; +2 when every proposed token was accepted, otherwise −1; γ >= 1.
+- adaptive:  start at γ0; +2 when every proposed token was accepted, otherwise −1; γ >= 1;
+             a run the draft-confidence stop ended early leaves γ as it is.
 - analytic:  choose γ maximising expected tokens per second,
 
       E[tokens | γ] = (1 − α^(γ+1)) / (1 − α)
@@ -62,9 +63,12 @@ class GammaPolicy:
     def next(self) -> int:
         raise NotImplementedError
 
-    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+    def update(
+        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+    ) -> None:
         """Feedback from one verify pass: γ used, the fewest accepted over the batch's rows,
-        and the wall time of the draft's γ steps and of the target pass."""
+        the wall time of the draft's γ steps and of the target pass, and whether the
+        draft-confidence stop ended the run before the γ this policy asked for."""
 
 
 @dataclass
@@ -83,7 +87,11 @@ class AdaptiveGamma(GammaPolicy):
     def next(self) -> int:
         return self.gamma
 
-    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+    def update(
+        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+    ) -> None:
+        if stopped:  # the stop, not γ, ended this run: it says nothing about γ
+            return
         if accepted >= gamma:
             self.gamma = min(self.gamma_max, gamma + 2)
         else:
@@ -107,7 +115,9 @@ class AnalyticGamma(GammaPolicy):
     def alpha(self) -> float:
         return min(0.999, self._acc / self._tries) if self._tries else self.alpha_prior
 
-    def update(self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0) -> None:
+    def update(
+        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+    ) -> None:
         # per-token acceptance: `accepted` successes, plus one failure if the run stopped early
         judged = accepted + (1 if accepted < gamma else 0)
         self._acc = self.decay * self._acc + accepted

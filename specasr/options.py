@@ -17,10 +17,10 @@ BACKENDS = ("auto", "triton", "torch")
 class DecodeOptions:
     mode: str = "exact"  # autoregressive (target only) | baseline | exact | sigmoid verifier
     temperature: float = 0.0  # 0 = greedy; > 0 samples from softmax(logits / T)
-    gamma: int = 4  # draft tokens per step: the fixed value, or the adaptive/analytic start
+    gamma: int = 6  # draft tokens per step (at most, with draft_stop): fixed value or adaptive start
     gamma_policy: str = "auto"  # auto (CPU: fixed, CUDA: adaptive) | fixed | adaptive | analytic
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
-    draft_stop: float = 0.0  # stop drafting once q(proposal) < this (0 = always γ); exact
+    draft_stop: float = 0.6  # stop drafting once q(proposal) < this (0 = always γ); exact
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)
     task: str = "transcribe"  # transcribe | translate
     timestamps: bool = False  # predict timestamp tokens (and apply Whisper's timestamp rules)

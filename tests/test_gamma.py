@@ -32,6 +32,15 @@ def test_adaptive_heuristic_trajectory():
     assert p.next() == 1  # floor
 
 
+def test_adaptive_gamma_ignores_runs_the_confidence_stop_ended():
+    p = AdaptiveGamma(gamma=6, gamma_max=9)
+    p.update(2, 2, stopped=True)  # all 2 accepted, but the stop (not γ) ended the run
+    p.update(3, 1, stopped=True)  # a rejection inside a stopped run
+    assert p.next() == 6
+    p.update(6, 6)
+    assert p.next() == 8
+
+
 def test_auto_policy_is_fixed_on_cpu_and_adaptive_on_accelerators():
     cpu, gpu = make_policy("auto", 4, 16, "cpu"), make_policy("auto", 4, 16, "cuda")
     assert isinstance(cpu, FixedGamma) and isinstance(gpu, AdaptiveGamma)

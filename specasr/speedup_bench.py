@@ -1,13 +1,15 @@
 """Speculative vs autoregressive for one draft, on short clips and on a long recording.
 
-    python -m specasr.speedup_bench --model base --draft default --repeats 5
+    python -m specasr.speedup_bench --model base --draft default --repeats 5 [--also 4:0 ...]
 
 One process, one run: (1) each LibriVox fixture as one 30 s window (`bench.run_bench`),
 (2) the long-form fixture (`longform_bench.long_recording`, the clips twice over with
 pauses, ~75 s) through the sequential long-form strategy with timestamps. Both interleave
 the autoregressive and speculative runs and report medians, so machine noise hits both
 alike. Long-form "end to end" is wall time from samples to segments (log-Mel, encoder,
-decoder, fallbacks); "decoder phase" is the summed decoding-loop time.
+decoder, fallbacks); "decoder phase" is the summed decoding-loop time. `--also GAMMA:STOP`
+adds speculative configurations to the long-form rounds, each paired with the same
+autoregressive runs, for a side-by-side table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,42 @@ from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.stats import DecodeStats
 
 
-def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
+def _side_by_side(name: str, ar_runs: list, runs: list) -> dict:
+    """One speculative configuration against the autoregressive runs it was paired with."""
+    stats = DecodeStats()
+    for r in runs:
+        stats = stats.merge(r[2])
+    pairs = list(zip(ar_runs, runs))
+    return {
+        "name": name,
+        "paired_decoder": statistics.median(a[2].decoder_s / s[2].decoder_s for a, s in pairs),
+        "paired_wall": statistics.median(a[0] / s[0] for a, s in pairs),
+        "token_alpha": stats.token_acceptance,
+        "tokens_per_call": stats.tokens_per_target_call,
+        "target_calls": stats.target_calls / len(runs),
+        "draft_calls": stats.draft_calls / len(runs),
+        "identical": all(a[1] == s[1] for a, s in pairs),
+    }
+
+
+def side_by_side_table(rows: list[dict]) -> str:
+    head = (
+        "| configuration | decoder phase (paired) | end to end (paired) | α̂ | tokens per target call "
+        "| target passes | draft steps | identical |\n|---|---|---|---|---|---|---|---|"
+    )
+    body = [
+        f"| {r['name']} | {r['paired_decoder']:.2f}× | {r['paired_wall']:.2f}× | {r['token_alpha']:.3f} "
+        f"| {r['tokens_per_call']:.2f} | {r['target_calls']:.0f} | {r['draft_calls']:.0f} "
+        f"| {'yes' if r['identical'] else 'no'} |"
+        for r in rows
+    ]
+    return "\n".join([head, *body])
+
+
+def _long_form(pair, samples, options: TranscribeOptions, repeats: int, others: dict | None = None) -> dict:
+    """others: name -> TranscribeOptions of more speculative configurations, run in the same
+    rounds (after the autoregressive and the main run) and paired with the same
+    autoregressive runs."""
     from specasr.longform_bench import SAMPLE_RATE
     from specasr.transcribe import transcribe
 
@@ -34,8 +71,10 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
         segments = list(segments)
         return time.perf_counter() - t0, [s.tokens for s in segments], info.stats
 
+    others = others or {}
     run(ar_opts), run(options)  # warm-up
     rows = {"ar": [], "spec": []}
+    extra = {name: [] for name in others}
     identical = True
     spec_stats = DecodeStats()
     for _ in range(repeats):
@@ -44,6 +83,8 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
         rows["ar"].append(ar)
         rows["spec"].append(sp)
         spec_stats = spec_stats.merge(sp[2])
+        for name, opts in others.items():
+            extra[name].append(run(opts))
     med = {k: statistics.median(r[0] for r in v) for k, v in rows.items()}
     pairs = list(zip(rows["ar"], rows["spec"]))  # run i of each, back to back: drift cancels
     paired_wall = statistics.median(a[0] / s[0] for a, s in pairs)
@@ -67,6 +108,8 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int) -> dict:
         "mean_gamma": sum(spec_stats.gammas) / max(1, len(spec_stats.gammas)),
         "stopped": spec_stats.draft_stops / max(1, len(spec_stats.gammas)),
         "identical": identical,
+        "side_by_side": [_side_by_side("main", rows["ar"], rows["spec"])]
+        + [_side_by_side(name, rows["ar"], runs) for name, runs in extra.items()],
     }
 
 
@@ -173,8 +216,13 @@ def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
+@click.option(
+    "--also",
+    multiple=True,
+    help="Another speculative configuration GAMMA:STOP (e.g. 4:0) for the long-form side-by-side table.",
+)
 @click.option("--device", default="cpu", show_default=True)
-def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, device) -> None:
+def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, also, device) -> None:
     from pathlib import Path
 
     import torch
@@ -197,7 +245,20 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, dev
     click.echo(f"### Step costs (median ms)\n\n{costs.table()}\n")
     base = TranscribeOptions()
     lf_opts = replace(base, decode=replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens))
-    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats)
+    others = {}
+    for spec in also:
+        g, _, stop = spec.partition(":")
+        try:
+            d = replace(
+                lf_opts.decode,
+                gamma=int(g),
+                gamma_max=max(lf_opts.decode.gamma_max, int(g)),
+                draft_stop=float(stop or 0),
+            )
+        except ValueError as e:
+            raise click.BadParameter(f"{spec!r}: {e}", param_hint="--also") from e
+        others[f"γ {g}, stop {float(stop or 0):g}"] = replace(lf_opts, decode=d)
+    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats, others)
     rows = [
         ("audio", f"{lf['seconds']:.1f} s"),
         ("end to end, autoregressive (median, s)", f"{lf['ar_wall']:.2f}"),
@@ -217,6 +278,11 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, dev
     rows += _bound_rows(lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2)
     click.echo("### Long-form fixture, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
+    if others:
+        main_row = lf["side_by_side"][0]
+        main_row["name"] = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
+        click.echo("\n### Long-form side by side (each paired with the same autoregressive runs)\n")
+        click.echo(side_by_side_table(lf["side_by_side"]))
 
 
 if __name__ == "__main__":

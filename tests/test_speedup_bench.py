@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specasr.gamma import best_speedup
-from specasr.speedup_bench import StepCosts, _bound_rows
+from specasr.speedup_bench import StepCosts, _bound_rows, _side_by_side, side_by_side_table
+from specasr.stats import DecodeStats
 
 
 def _rows(curve: dict[int, float], **lf) -> dict[str, str]:
@@ -51,3 +52,24 @@ def test_a_goal_no_alpha_reaches_is_called_unreachable():
     steep = {k: 1.0 + 0.6 * (k - 1) for k in range(1, 9)}  # verification far dearer than a step
     rows = _rows(steep, ar_window=2.0)
     assert rows["α̂ for 1.5× decoder phase at this c and v"] == "unreachable"
+
+
+def _run(wall: float, decoder: float, tokens: list, calls: int) -> tuple:
+    return (
+        wall,
+        tokens,
+        DecodeStats(decoder_s=decoder, target_calls=calls, emitted=3 * calls, row_steps=calls),
+    )
+
+
+def test_side_by_side_pairs_each_configuration_with_the_same_autoregressive_runs():
+    ar = [_run(8.0, 4.0, [[1]], 100), _run(10.0, 6.0, [[1]], 100), _run(6.0, 3.0, [[1]], 100)]
+    fast = [_run(4.0, 2.0, [[1]], 40), _run(5.0, 2.0, [[1]], 40), _run(5.0, 3.0, [[1]], 40)]
+    row = _side_by_side("fast", ar, fast)
+    assert row["paired_wall"] == pytest.approx(2.0)  # median of 2.0, 2.0, 1.2
+    assert row["paired_decoder"] == pytest.approx(2.0)  # median of 2.0, 3.0, 1.0
+    assert row["target_calls"] == 40 and row["tokens_per_call"] == 3.0 and row["identical"]
+    wrong = _side_by_side("wrong", ar, [_run(4.0, 2.0, [[2]], 40)] + fast[1:])
+    assert not wrong["identical"]
+    table = side_by_side_table([row, wrong])
+    assert "| fast | 2.00× | 2.00× |" in table and table.rstrip().endswith("| no |")

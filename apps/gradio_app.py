@@ -66,6 +66,13 @@ def _control_widgets(pair) -> dict[str, gr.components.Component]:
             widgets["gamma"] = gr.Slider(
                 1, _GAMMA_MAX, value=_DEFAULT.gamma, step=1, label="γ (fixed value, or start)"
             )
+            widgets["draft_stop"] = gr.Slider(
+                0.0,
+                0.95,
+                value=_DEFAULT.draft_stop,
+                step=0.05,
+                label="Draft stop: q(d) below ends a run (0 = off)",
+            )
         widgets["temperature"] = gr.Slider(
             0.0, 1.0, value=_DEFAULT.temperature, step=0.05, label="Temperature (0 = greedy)"
         )

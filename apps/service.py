@@ -50,6 +50,7 @@ class Controls:
     mode: str = _DECODE.mode  # autoregressive | baseline | exact | sigmoid
     gamma_policy: str = _DECODE.gamma_policy  # auto | fixed | adaptive | analytic
     gamma: int = _DECODE.gamma  # draft tokens per step: the fixed value, or the start
+    draft_stop: float = _DECODE.draft_stop  # end a draft run at a proposal with q(d) below (0 = off)
     temperature: float = _DECODE.temperature  # the first temperature; fallbacks step up by 0.2
     sigmoid_alpha: float = _DECODE.sigmoid_scale[0]  # α of the sigmoid verifier
     sigmoid_beta: float = _DECODE.sigmoid_scale[1]  # β of the sigmoid verifier
@@ -67,6 +68,7 @@ class Controls:
             gamma=gamma,
             gamma_policy=self.gamma_policy,
             gamma_max=max(_DECODE.gamma_max, gamma),
+            draft_stop=float(self.draft_stop),
             sigmoid_scale=(float(self.sigmoid_alpha), float(self.sigmoid_beta)),
             language=None if self.language == "auto" else self.language,
             task=self.task,
@@ -136,6 +138,7 @@ class Run:
             ("tokens per target call", f"{s.tokens_per_target_call:.2f}"),
             ("target calls", str(s.target_calls)),
             ("draft calls", str(s.draft_calls)),
+            ("draft runs ended by the confidence stop", str(s.draft_stops)),
             ("verifier time", f"{s.verify_s * 1e3:.1f} ms"),
             (
                 "real-time factor",

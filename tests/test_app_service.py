@@ -23,6 +23,7 @@ def test_controls_map_onto_the_library_options():
         mode="sigmoid",
         gamma_policy="fixed",
         gamma=20.0,  # sliders send floats
+        draft_stop=0.35,
         temperature=0.5,
         sigmoid_alpha=-4,
         sigmoid_beta=6,
@@ -33,6 +34,7 @@ def test_controls_map_onto_the_library_options():
     ).options()
     d = opts.decode
     assert (d.mode, d.gamma_policy, d.gamma, d.gamma_max) == ("sigmoid", "fixed", 20, 20)
+    assert d.draft_stop == 0.35
     assert d.sigmoid_scale == (-4.0, 6.0) and d.language is None and d.task == "translate"
     assert d.timestamps is False and d.seed == 7
     assert opts.temperatures[0] == 0.5 and opts.temperatures[-1] <= 1.0

@@ -56,10 +56,12 @@ def side_by_side_table(rows: list[dict]) -> str:
     return "\n".join([head, *body])
 
 
-def _long_form(pair, samples, options: TranscribeOptions, repeats: int, others: dict | None = None) -> dict:
+def _long_form(
+    pair, samples, options: TranscribeOptions, repeats: int, others: dict | None = None, name: str = "main"
+) -> dict:
     """others: name -> TranscribeOptions of more speculative configurations, run in the same
-    rounds (after the autoregressive and the main run) and paired with the same
-    autoregressive runs."""
+    rounds (after the autoregressive and the main run, called `name`) and paired with the
+    same autoregressive runs."""
     from specasr.longform_bench import SAMPLE_RATE
     from specasr.transcribe import transcribe
 
@@ -75,20 +77,16 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int, others: 
     run(ar_opts), run(options)  # warm-up
     rows = {"ar": [], "spec": []}
     extra = {name: [] for name in others}
-    identical = True
     spec_stats = DecodeStats()
     for _ in range(repeats):
         ar, sp = run(ar_opts), run(options)
-        identical &= ar[1] == sp[1]
         rows["ar"].append(ar)
         rows["spec"].append(sp)
         spec_stats = spec_stats.merge(sp[2])
-        for name, opts in others.items():
-            extra[name].append(run(opts))
+        for other, opts in others.items():
+            extra[other].append(run(opts))
     med = {k: statistics.median(r[0] for r in v) for k, v in rows.items()}
-    pairs = list(zip(rows["ar"], rows["spec"]))  # run i of each, back to back: drift cancels
-    paired_wall = statistics.median(a[0] / s[0] for a, s in pairs)
-    paired_dec = statistics.median(a[2].decoder_s / s[2].decoder_s for a, s in pairs)
+    paired = _side_by_side(name, rows["ar"], rows["spec"])  # run i of each, back to back: drift cancels
     dec = {k: statistics.median(r[2].decoder_s for r in v) for k, v in rows.items()}
     ar_step = statistics.median(r[2].target_s / r[2].target_calls for r in rows["ar"])
     draft_step = spec_stats.draft_s / max(1, spec_stats.draft_calls)
@@ -96,8 +94,8 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int, others: 
         "seconds": len(samples) / SAMPLE_RATE,
         "ar_wall": med["ar"],
         "spec_wall": med["spec"],
-        "paired_wall": paired_wall,
-        "paired_decoder": paired_dec,
+        "paired_wall": paired["paired_wall"],
+        "paired_decoder": paired["paired_decoder"],
         "ar_decoder": dec["ar"],
         "ar_window": statistics.median(r[2].window_s for r in rows["ar"]),
         "spec_decoder": dec["spec"],
@@ -107,9 +105,8 @@ def _long_form(pair, samples, options: TranscribeOptions, repeats: int, others: 
         "c": draft_step / ar_step,
         "mean_gamma": sum(spec_stats.gammas) / max(1, len(spec_stats.gammas)),
         "stopped": spec_stats.draft_stops / max(1, len(spec_stats.gammas)),
-        "identical": identical,
-        "side_by_side": [_side_by_side("main", rows["ar"], rows["spec"])]
-        + [_side_by_side(name, rows["ar"], runs) for name, runs in extra.items()],
+        "identical": paired["identical"],
+        "side_by_side": [paired] + [_side_by_side(other, rows["ar"], runs) for other, runs in extra.items()],
     }
 
 
@@ -258,7 +255,8 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
         except ValueError as e:
             raise click.BadParameter(f"{spec!r}: {e}", param_hint="--also") from e
         others[f"γ {g}, stop {float(stop or 0):g}"] = replace(lf_opts, decode=d)
-    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats, others)
+    name = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
+    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats, others, name)
     rows = [
         ("audio", f"{lf['seconds']:.1f} s"),
         ("end to end, autoregressive (median, s)", f"{lf['ar_wall']:.2f}"),
@@ -279,8 +277,6 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
     click.echo("### Long-form fixture, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
     if others:
-        main_row = lf["side_by_side"][0]
-        main_row["name"] = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
         click.echo("\n### Long-form side by side (each paired with the same autoregressive runs)\n")
         click.echo(side_by_side_table(lf["side_by_side"]))
 

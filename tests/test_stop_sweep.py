@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from specasr.decoding import decode_states, start_sequence
@@ -74,3 +76,16 @@ def test_teacher_forced_positions_line_up_with_the_targets_tokens(tiny):
     assert all(0 < q <= 1 for q, _ in own)
     other = teacher_forced(tiny, states, init, label, False)  # a random draft mostly does not
     assert sum(ok for _, ok in other) < len(other) / 2
+
+
+def test_from_audio_reports_an_unreadable_file_and_goes_on(tiny, tmp_path):
+    from specasr.stop_sweep import from_audio
+
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"not audio at all")
+    good = tmp_path / "quiet.wav"
+    sf.write(good, np.zeros(16000, np.float32), 16000)
+    said = []
+    windows = from_audio(tiny, [bad, good], log=said.append)
+    assert len(windows) == 1 and len(windows[0]) >= 1  # the readable file's one window
+    assert len(said) == 1 and "bad.wav" in said[0]

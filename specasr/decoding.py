@@ -124,9 +124,10 @@ def _confidence(rows: Tensor, picked: Tensor, temperature: float) -> float:
     be wasted. Exactness is untouched: when to stop depends only on the draft's own
     proposals, each proposal is still verified against the target's distribution, and
     every position the draft did not reach is drawn from the target itself."""
-    scaled = rows.float() / (temperature if temperature > 0 else 1.0)
-    logq = scaled.gather(1, picked[:, None])[:, 0] - torch.logsumexp(scaled, -1)  # [B]
-    return float(logq.min().exp())
+    scaled = rows.float() / temperature if temperature > 0 else rows.float()
+    # softmax, not logsumexp: a draft row is −inf off its vocabulary (two thirds of base's),
+    # where torch.logsumexp takes 280 µs a row on the dev box and softmax 50 µs
+    return float(torch.softmax(scaled, -1).gather(1, picked[:, None]).min())
 
 
 def start_sequence(

@@ -30,10 +30,15 @@ def _side_by_side(name: str, ar_runs: list, runs: list) -> dict:
     for r in runs:
         stats = stats.merge(r[2])
     pairs = list(zip(ar_runs, runs))
+    decoder = sorted(a[2].decoder_s / s[2].decoder_s for a, s in pairs)  # one ratio per pair
+    wall = sorted(a[0] / s[0] for a, s in pairs)
     return {
         "name": name,
-        "paired_decoder": statistics.median(a[2].decoder_s / s[2].decoder_s for a, s in pairs),
-        "paired_wall": statistics.median(a[0] / s[0] for a, s in pairs),
+        "paired_decoder": statistics.median(decoder),
+        "paired_wall": statistics.median(wall),
+        # lowest and highest paired ratio: how far one pair strays on a noisy machine
+        "decoder_spread": (decoder[0], decoder[-1]),
+        "wall_spread": (wall[0], wall[-1]),
         "token_alpha": stats.token_acceptance,
         "tokens_per_call": stats.tokens_per_target_call,
         "target_calls": stats.target_calls / len(runs),
@@ -42,13 +47,18 @@ def _side_by_side(name: str, ar_runs: list, runs: list) -> dict:
     }
 
 
+def _spread(lo_hi: tuple[float, float]) -> str:
+    return f"{lo_hi[0]:.2f}× – {lo_hi[1]:.2f}×"
+
+
 def side_by_side_table(rows: list[dict]) -> str:
     head = (
-        "| configuration | decoder phase (paired) | end to end (paired) | α̂ | tokens per target call "
-        "| target passes | draft steps | identical |\n|---|---|---|---|---|---|---|---|"
+        "| configuration | decoder phase (paired) | its lowest – highest | end to end (paired) | α̂ "
+        "| tokens per target call | target passes | draft steps | identical |\n" + "|---" * 9 + "|"
     )
     body = [
-        f"| {r['name']} | {r['paired_decoder']:.2f}× | {r['paired_wall']:.2f}× | {r['token_alpha']:.3f} "
+        f"| {r['name']} | {r['paired_decoder']:.2f}× | {_spread(r['decoder_spread'])} "
+        f"| {r['paired_wall']:.2f}× | {r['token_alpha']:.3f} "
         f"| {r['tokens_per_call']:.2f} | {r['target_calls']:.0f} | {r['draft_calls']:.0f} "
         f"| {'yes' if r['identical'] else 'no'} |"
         for r in rows
@@ -96,6 +106,8 @@ def _long_form(
         "spec_wall": med["spec"],
         "paired_wall": paired["paired_wall"],
         "paired_decoder": paired["paired_decoder"],
+        "decoder_spread": paired["decoder_spread"],
+        "wall_spread": paired["wall_spread"],
         "ar_decoder": dec["ar"],
         "ar_window": statistics.median(r[2].window_s for r in rows["ar"]),
         "spec_decoder": dec["spec"],
@@ -265,6 +277,8 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
         ("decoder-phase speedup", f"{lf['ar_decoder'] / lf['spec_decoder']:.2f}×"),
         ("end-to-end speedup, median of paired runs", f"{lf['paired_wall']:.2f}×"),
         ("decoder-phase speedup, median of paired runs", f"{lf['paired_decoder']:.2f}×"),
+        ("paired runs, lowest – highest: end to end", _spread(lf["wall_spread"])),
+        ("paired runs, lowest – highest: decoder phase", _spread(lf["decoder_spread"])),
         ("α̂ per token (accepted / (accepted + rejected))", f"{lf['token_alpha']:.3f}"),
         ("accepted / proposed", f"{lf['alpha']:.3f}"),
         ("tokens per target call", f"{lf['tokens_per_call']:.2f}"),

@@ -68,8 +68,10 @@ def test_side_by_side_pairs_each_configuration_with_the_same_autoregressive_runs
     row = _side_by_side("fast", ar, fast)
     assert row["paired_wall"] == pytest.approx(2.0)  # median of 2.0, 2.0, 1.2
     assert row["paired_decoder"] == pytest.approx(2.0)  # median of 2.0, 3.0, 1.0
+    assert row["decoder_spread"] == pytest.approx((1.0, 3.0))  # the lowest and highest pair
+    assert row["wall_spread"] == pytest.approx((1.2, 2.0))
     assert row["target_calls"] == 40 and row["tokens_per_call"] == 3.0 and row["identical"]
     wrong = _side_by_side("wrong", ar, [_run(4.0, 2.0, [[2]], 40)] + fast[1:])
     assert not wrong["identical"]
     table = side_by_side_table([row, wrong])
-    assert "| fast | 2.00× | 2.00× |" in table and table.rstrip().endswith("| no |")
+    assert "| fast | 2.00× | 1.00× – 3.00× | 2.00× |" in table and table.rstrip().endswith("| no |")

@@ -290,6 +290,16 @@ def evaluate(draft: DistilledDraft, examples: list[Example], cross, device, batc
     return {"loss": loss / max(n, 1), "agreement": agree / max(n, 1), "positions": n}
 
 
+def split_examples(examples: list[Example], opts: DistillOptions) -> tuple[list[Example], list[Example]]:
+    """(held out, training): a shuffle seeded by opts.seed, the first `holdout` share held
+    out. `stop_sweep --held-out` uses the same split to choose γ and the stop on windows
+    the draft never trained on."""
+    order = list(range(len(examples)))
+    random.Random(opts.seed).shuffle(order)
+    n_hold = max(1, int(len(order) * opts.holdout))
+    return [examples[i] for i in order[:n_hold]], [examples[i] for i in order[n_hold:]]
+
+
 def _save_checkpoint(path: Path, **state) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -310,12 +320,7 @@ def train(pair, states, examples: list[Example], vocab_ids, work: Path, opts: Di
         layer.encoder_attn.k_proj.requires_grad_(False)
         layer.encoder_attn.v_proj.requires_grad_(False)
     cross = precompute_cross(draft, states, pair.device)
-    rng = random.Random(opts.seed)
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    n_hold = max(1, int(len(order) * opts.holdout))
-    held = [examples[i] for i in order[:n_hold]]
-    train_set = [examples[i] for i in order[n_hold:]]
+    held, train_set = split_examples(examples, opts)
     steps_per_epoch = math.ceil(len(train_set) / opts.batch_size)
     total = steps_per_epoch * opts.epochs
     optim = torch.optim.AdamW(

@@ -1,9 +1,12 @@
 """Choosing γ and the draft-confidence stop (`DecodeOptions.draft_stop`) from data.
 
-    python -m specasr.stop_sweep AUDIO_OR_SHARDS... [--model base --draft default]
+    python -m specasr.stop_sweep [AUDIO_OR_SHARDS...] [--held-out WORK] [--model base --draft default]
 
-Inputs are audio files, or label shards of `specasr distill` (work/labels/*.pt: windows a
-draft may not have been trained on, which is the point of a held-out choice).
+Inputs are audio files, label shards of `specasr distill` (work/labels/*.pt), or with
+`--held-out` a distill work directory: the windows its training held out (the same split,
+`recipes.distill_draft.split_examples`), with the prompts the teacher stage drew. A choice
+made on windows the draft never trained on is the point: on its training windows a draft
+agrees more, and the sweep would favour longer runs than real speech pays for.
 
 1. **Positions.** The target transcribes each 30 s window greedily, with timestamps as in
    long-form decoding (audio: the previous window's text is the prompt; shards: their
@@ -95,6 +98,27 @@ def from_shards(pair, paths: list[Path], prompt_share: float = 0.5, seed: int = 
     return out
 
 
+def from_work(pair, work: Path) -> list[list[Position]]:
+    """Positions of the examples a distill run held out of training: `work` holds its
+    options.json and teacher.pt (encoder states fp16, examples with their prompts)."""
+    import json
+
+    from specasr.recipes.distill_draft import DistillOptions, split_examples
+
+    known = DistillOptions.__dataclass_fields__
+    raw = json.loads((work / "options.json").read_text())
+    opts = DistillOptions(**{k: tuple(v) if k == "layers" else v for k, v in raw.items() if k in known})
+    cached = torch.load(work / "teacher.pt", weights_only=False)
+    held, _ = split_examples(cached["examples"], opts)
+    no_ts = pair.tokenizer.no_timestamps
+    out = []
+    for ex in held:
+        init, label = ex.seq[: ex.begin], ex.seq[ex.begin : -1]  # seq ends with eot
+        states = cached["states"][ex.state : ex.state + 1]  # [1, 1500, d]
+        out.append(teacher_forced(pair, states, init, label, no_ts not in init))
+    return out
+
+
 def from_audio(pair, paths: list[Path], language: str = "en", log=print) -> list[list[Position]]:
     """Positions of every 30 s window of every file; an unreadable file is reported and skipped."""
     from specasr.audio import AudioError, load_audio
@@ -145,8 +169,13 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
 
 
 @click.command()
-@click.argument(
-    "inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+@click.argument("inputs", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--held-out",
+    "work",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A `specasr distill` work directory: add the windows its training held out.",
 )
 @click.option("--model", default="base", show_default=True)
 @click.option("--draft", default="default", show_default=True)
@@ -157,12 +186,18 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
     "--verify", default=None, help="v(k) as 1:1,2:1.27,… (default: measure, as speedup_bench does)."
 )
 @click.option("--device", default="cpu", show_default=True)
-def main(inputs, model, draft, gammas, thresholds, c_given, verify, device) -> None:
-    """Replays the speculative loop over INPUTS for each γ and stop threshold."""
+def main(inputs, work, model, draft, gammas, thresholds, c_given, verify, device) -> None:
+    """Replays the speculative loop over INPUTS (and --held-out windows) for each γ and stop threshold."""
     from specasr.bench import file_mels
     from specasr.models import load_pair
     from specasr.speedup_bench import step_costs
 
+    if not inputs and work is None:
+        raise click.UsageError("give audio files or label shards, or --held-out WORK")
+    if work is not None and not (work / "teacher.pt").is_file():
+        raise click.BadParameter(
+            f"{work} has no teacher.pt (run `specasr distill` there)", param_hint="--held-out"
+        )
     gs = [int(g) for g in gammas.split(",")]  # checked before any model work
     if max(gs) > 7:
         raise click.BadParameter(
@@ -178,6 +213,7 @@ def main(inputs, model, draft, gammas, thresholds, c_given, verify, device) -> N
     windows = (from_shards(pair, shards) if shards else []) + (
         from_audio(pair, audio, log=lambda m: click.echo(m, err=True)) if audio else []
     )
+    windows += from_work(pair, work) if work is not None else []
     if c_given is None or verify is None:
         # timed on the bundled example: a pass's cost does not depend on what is said
         costs = step_costs(pair, file_mels(pair, [_example()])[0], ks=tuple(range(1, max(gs) + 2)))

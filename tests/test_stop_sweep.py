@@ -89,3 +89,50 @@ def test_from_audio_reports_an_unreadable_file_and_goes_on(tiny, tmp_path):
     windows = from_audio(tiny, [bad, good], log=said.append)
     assert len(windows) == 1 and len(windows[0]) >= 1  # the readable file's one window
     assert len(said) == 1 and "bad.wav" in said[0]
+
+
+def test_held_out_windows_are_the_ones_distill_training_held_out(tiny, tmp_path):
+    """`--held-out WORK` replays exactly the examples `train` kept out (same split, same
+    prompts and timestamp mode as the teacher stage stored them)."""
+    import json
+    from dataclasses import asdict
+
+    from specasr.recipes.distill_draft import DistillOptions, Example, split_examples
+
+    from specasr.stop_sweep import from_work
+
+    states, _, label = _window(tiny)
+    examples, expected_ts = [], []
+    for i, (ts, prompt) in enumerate([(False, None), (True, None), (False, [11, 12, 13]), (True, [14])]):
+        opts = DecodeOptions(mode="autoregressive", timestamps=ts)
+        init, _ = start_sequence(tiny, opts, "en", prompt)
+        seq = init + label[: 5 + i] + [tiny.tokenizer.eot]
+        empty = torch.zeros(0)
+        examples.append(
+            Example(state=i % 2, seq=seq, begin=len(init), top_idx=empty, top_p=empty, label=empty)
+        )
+        expected_ts.append(ts)
+    opts = DistillOptions(holdout=0.5, seed=3)
+    (tmp_path / "options.json").write_text(json.dumps(asdict(opts)))  # as `distill` writes it
+    table = torch.cat([states, -states]).half()  # [2, 1500, d], stored fp16 like the teacher stage
+    torch.save({"key": {}, "states": table, "examples": examples}, tmp_path / "teacher.pt")
+
+    got = from_work(tiny, tmp_path)
+    held, train_set = split_examples(examples, opts)
+    assert len(got) == len(held) == 2 and len(train_set) == 2
+    for ex, positions in zip(held, got):
+        i = examples.index(ex)
+        want = teacher_forced(
+            tiny, table[ex.state : ex.state + 1], ex.seq[: ex.begin], label[: 5 + i], expected_ts[i]
+        )
+        assert positions == want and len(positions) == 5 + i + 1  # every label token and the eot
+
+
+def test_cli_needs_inputs_or_a_held_out_work_dir(tmp_path):
+    from click.testing import CliRunner
+
+    from specasr.stop_sweep import main
+
+    assert CliRunner().invoke(main, []).exit_code == 2
+    result = CliRunner().invoke(main, ["--held-out", str(tmp_path)])
+    assert result.exit_code == 2 and "teacher.pt" in result.output

@@ -195,6 +195,30 @@ def test_int8_draft_fuses_qkv_into_one_product_with_the_same_result(tiny):
             torch.testing.assert_close(mine, ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
+    """`draft_step`: one-token steps through the scripted layer give exactly the eager
+    int8 layer's logits, across cache writes, a rollback and rewriting the cache."""
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
+    eager = copy.deepcopy(draft).attach(t).quantize_int8(script=False)
+    scripted = copy.deepcopy(draft).attach(t).quantize_int8()
+    assert eager.layers[0]._step is None and scripted.layers[1]._step is not None
+    states = _states(tiny, 7)
+    prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * 2)
+    runs = []
+    with torch.inference_mode():
+        for d in (eager, scripted):
+            runner = d.runner(states)
+            out = [runner(prefix, 1)]
+            out += [runner(torch.tensor([[tok], [tok + 1]]), 1) for tok in (2068, 3699, 264)]
+            runner.rollback(6)  # drop the last two: the next step rewrites their cache slots
+            out += [runner(torch.tensor([[13], [11]]), 1), runner(torch.tensor([[50257]] * 2), 1)]
+            runs.append(torch.cat(out, dim=1))  # [2, 6, V]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[1][:, 3], runs[1][:, 4])  # the steps really differ
+
+
 def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):
     t = tiny.target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size))

@@ -13,8 +13,8 @@ of them are stored with the draft), and owns only:
 It runs in `lean_decoder.LeanRunner`, a preallocated-KV-cache loop with the interface of
 `decoding.DecoderRunner` (call, rollback, keep), so a draft step costs its arithmetic plus
 a few dozen kernel launches, not a Hugging Face module tree. On CPU `quantize_int8` makes
-its products int8 (lossy: it moves α, never the output) and runs one-token steps through a
-TorchScript layer (`draft_step`), with the same ops and without Python between them.
+its products int8 (lossy: it moves α, never the output) and runs each layer as one
+TorchScript function (`layer_steps`), with the same ops and without Python between them.
 
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specasr.cpu_linear import Int8Linear, swap_linears
-from specasr.draft_step import layer_args, scripted_layer_step
+from specasr.layer_steps import int8_args, scripted
 from specasr.lean_decoder import LeanRunner
 
 FORMAT = "specasr-draft"
@@ -52,10 +52,11 @@ class _Attention(nn.Module):
 class DraftLayer(nn.Module):
     """One pre-norm Whisper decoder layer; state_dict keys equal transformers' WhisperDecoderLayer."""
 
-    # after DistilledDraft.quantize_int8: the scripted one-token step and its arguments
-    # (`draft_step`); None (the class default, also for LeanDecoder's layers) = eager only
+    # a scripted form of `forward` (`layer_steps`), its weight arguments, and the most rows
+    # (B·T) it takes; set by DistilledDraft.quantize_int8 and LeanDecoder. None = eager only
     _step = None
     _step_args: tuple = ()
+    _step_rows = 0
 
     def __init__(self, d: int, heads: int, ffn: int) -> None:
         super().__init__()
@@ -88,9 +89,9 @@ class DraftLayer(nn.Module):
         start … start+T-1 and attention reads positions 0 … start+T-1; without one (teacher
         forcing from position 0) it attends over the block itself."""
         T, scale = x.shape[1], self.dh**-0.5
-        if T == 1 and cache is not None and self._step is not None:  # the scripted int8 step
+        if cache is not None and self._step is not None and x.shape[0] * T <= self._step_rows:
             eps = self.self_attn_layer_norm.eps
-            return self._step(x, *self._step_args, *cache, cross_k, cross_v, start, self.heads, eps)
+            return self._step(x, *self._step_args, *cache, cross_k, cross_v, mask, start, self.heads, eps)
         a = self.self_attn
         h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
         if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three
@@ -229,18 +230,18 @@ class DistilledDraft(nn.Module):
     def quantize_int8(self, script: bool = True) -> DistilledDraft:
         """Inference on CPU with int8 weights (`cpu_linear.Int8Linear`): lossy, which moves the
         acceptance rate but never the transcript. Attach first; no training afterwards.
-        script: one-token steps run as one TorchScript function per layer (`draft_step`),
-        bitwise the same as the eager layers and about a third faster."""
+        script: each layer runs as one TorchScript function (`layer_steps`), bitwise the
+        same as the eager layer and about a third faster per one-token step."""
         if not self._shared:
             raise RuntimeError("attach the draft to its target before quantizing it")
         if self.layer_norm.weight.device.type != "cpu":
             raise ValueError("int8 drafts run on CPU only")
-        step = scripted_layer_step() if script else None
+        step = scripted("int8") if script else None
         for layer in self.layers:
             fuse_qkv(layer.self_attn, Int8Linear.of)
             swap_linears(layer, Int8Linear.of)
             if step is not None:
-                layer._step, layer._step_args = step, layer_args(layer)
+                layer._step, layer._step_args, layer._step_rows = step, int8_args(layer), 1 << 30
         self._head_int8 = Int8Linear(self._shared.pop("head").t(), None)  # [N, d]; fp32 copy freed
         return self
 

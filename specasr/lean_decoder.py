@@ -23,7 +23,8 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from specasr.cpu_linear import TransposedLinear, WideLinear, shared_form
+from specasr.cpu_linear import MANY_ROWS, TransposedLinear, WideLinear, shared_form
+from specasr.layer_steps import fp32_args, scripted
 
 N_TEXT_CTX = 448  # Whisper's decoder positions
 
@@ -31,12 +32,15 @@ N_TEXT_CTX = 448  # Whisper's decoder positions
 class LeanDecoder:
     """A Hugging Face Whisper decoder as plain layers with `cpu_linear` products (CPU, fp32)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, script: bool = True) -> None:
+        """script: passes of up to MANY_ROWS rows run each layer as one TorchScript function
+        (`layer_steps.fp32_layer_step`), the same maths without Python between the ops."""
         from specasr.draft import DraftLayer
 
         cfg, dec = model.config, model.model.decoder
         self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
         self.layers = nn.ModuleList()
+        step = scripted("fp32") if script else None
         for hf in dec.layers:
             layer = DraftLayer.__new__(DraftLayer)  # no fresh weights: every part is the model's
             nn.Module.__init__(layer)
@@ -50,6 +54,8 @@ class LeanDecoder:
                 setattr(layer, name, box)
             layer.fc1 = shared_form(TransposedLinear, hf.fc1)
             layer.fc2 = shared_form(TransposedLinear, hf.fc2)
+            if step is not None:
+                layer._step, layer._step_args, layer._step_rows = step, fp32_args(layer), MANY_ROWS
             self.layers.append(layer)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]

@@ -197,8 +197,8 @@ def test_int8_draft_fuses_qkv_into_one_product_with_the_same_result(tiny):
 
 @pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
 def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
-    """`draft_step`: one-token steps through the scripted layer give exactly the eager
-    int8 layer's logits, across cache writes, a rollback and rewriting the cache."""
+    """`layer_steps`: blocks and one-token steps through the scripted layer give exactly
+    the eager int8 layer's logits, across cache writes, a rollback and rewriting the cache."""
     t = tiny.target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
     eager = copy.deepcopy(draft).attach(t).quantize_int8(script=False)
@@ -214,9 +214,40 @@ def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
             out += [runner(torch.tensor([[tok], [tok + 1]]), 1) for tok in (2068, 3699, 264)]
             runner.rollback(6)  # drop the last two: the next step rewrites their cache slots
             out += [runner(torch.tensor([[13], [11]]), 1), runner(torch.tensor([[50257]] * 2), 1)]
-            runs.append(torch.cat(out, dim=1))  # [2, 6, V]
+            out.append(runner(torch.tensor([[291, 300, 257]] * 2), 3))  # a 3-token block (masked)
+            runs.append(torch.cat(out, dim=1))  # [2, 9, V]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[1][:, 3], runs[1][:, 4])  # the steps really differ
+
+
+def test_scripted_target_layers_match_the_eager_lean_decoder(base_pair):
+    """`layer_steps.fp32_layer_step`: the target's scripted passes (up to MANY_ROWS rows)
+    agree with the eager LeanDecoder layers, and blocks above that stay eager. On base's
+    real weights: a random tiny model's logits are too small to show a wrong scale."""
+    from specasr.cpu_linear import MANY_ROWS
+
+    t = base_pair.target
+    eager, scripted = LeanDecoder(t, script=False), LeanDecoder(t)
+    assert eager.layers[0]._step is None and scripted.layers[0]._step_rows == MANY_ROWS
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(8))
+    states = base_pair.encode(mel)[0]  # [1, 1500, 512]
+    long = torch.tensor([[50258, 50259, 50359, 50363] + [440, 291] * 30])  # 64 tokens: scripted
+    steps = [[2068], [3699, 264, 13], [11], [50257, 11, 12, 13, 14, 15, 16]]
+    outs = []
+    with torch.inference_mode():
+        for dec in (eager, scripted):
+            runner = LeanRunner(dec, states[:1])
+            out = [runner(long, 64)]
+            out += [runner(torch.tensor([s]), len(s)) for s in steps]
+            runner.rollback(66)  # rejected proposals: rewrite their cache slots
+            out.append(runner(torch.tensor([[7, 8]]), 2))
+            outs.append(torch.cat(out, dim=1))  # [1, 64 + 12 + 2, V]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-4)  # logits of size ~10
+    assert torch.equal(outs[1].argmax(-1), outs[0].argmax(-1))
+    with torch.inference_mode():  # above MANY_ROWS rows the scripted decoder runs its eager layers
+        big = torch.tensor([[50258, 50259, 50359, 50363] + [440] * 70])  # 74 rows
+        a, b = LeanRunner(eager, states[:1])(big, 74), LeanRunner(scripted, states[:1])(big, 74)
+    assert torch.equal(a, b)
 
 
 def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):

@@ -37,6 +37,48 @@ def _lin(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (
     return torch.addmm(b, x, wt)
 
 
+def _q8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> Tensor:
+    """x [rows, in] -> [rows, out] through fbgemm's dynamic int8 product, as `cpu_linear.Int8Linear`."""
+    return torch.ops.quantized.linear_dynamic(x, packed, True)
+
+
+def _norm(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+    """LayerNorm over d: [B, T, d] -> [B·T, d]."""
+    d = x.shape[2]
+    return F.layer_norm(x, [d], w, b, eps).reshape(x.shape[0] * x.shape[1], d)
+
+
+def _heads(t: Tensor, B: int, heads: int) -> Tensor:
+    """[B·T, d] -> [B, H, T, dh] (a view)."""
+    return t.view(B, -1, heads, t.shape[1] // heads).transpose(1, 2)
+
+
+def _merge(y: Tensor) -> Tensor:
+    """[B, H, T, dh] -> [B·T, d]."""
+    return y.transpose(1, 2).reshape(y.shape[0] * y.shape[2], y.shape[1] * y.shape[3])
+
+
+def _self_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    K: Tensor,
+    V: Tensor,
+    mask: Optional[Tensor],  # noqa: UP045 (TorchScript)
+    start: int,
+) -> Tensor:
+    """Writes k, v [B, H, T, dh] at positions start … start+T-1 of the cache K, V
+    [B, H, 448, dh] and attends over positions 0 … start+T-1 -> [B·T, d]."""
+    T = q.shape[2]
+    K[:, :, start : start + T] = k
+    V[:, :, start : start + T] = v
+    return _merge(
+        F.scaled_dot_product_attention(
+            q, K[:, :, : start + T], V[:, :, : start + T], attn_mask=mask, scale=1.0
+        )
+    )
+
+
 def fp32_layer_step(
     x: Tensor,  # [B, T, d] at positions start … start+T-1, B·T ≤ MANY_ROWS
     ln1_w: Tensor,
@@ -71,23 +113,16 @@ def fp32_layer_step(
     eps: float,
 ) -> Tensor:
     """x [B, T, d] -> [B, T, d]: pre-norm self-attention, cross-attention and GELU MLP."""
-    B, T, d = x.shape[0], x.shape[1], x.shape[2]
-    dh = d // heads
-    scale = float(dh) ** -0.5
-    h = F.layer_norm(x, [d], ln1_w, ln1_b, eps).reshape(B * T, d)
-    q = (_lin(h, wq, bq) * scale).view(B, T, heads, dh).transpose(1, 2)  # [B, H, T, dh]
-    K[:, :, start : start + T] = _lin(h, wk, bk).view(B, T, heads, dh).transpose(1, 2)
-    V[:, :, start : start + T] = _lin(h, wv, bv).view(B, T, heads, dh).transpose(1, 2)
-    k, v = K[:, :, : start + T], V[:, :, : start + T]
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)  # [B, H, T, dh]
-    x = x + _lin(y.transpose(1, 2).reshape(B * T, d), wo, bo).view(B, T, d)
-    h = F.layer_norm(x, [d], ln2_w, ln2_b, eps).reshape(B * T, d)
-    q = (_lin(h, cwq, cbq) * scale).view(B, T, heads, dh).transpose(1, 2)
-    y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
-    x = x + _lin(y.transpose(1, 2).reshape(B * T, d), cwo, cbo).view(B, T, d)
-    h = F.layer_norm(x, [d], ln3_w, ln3_b, eps).reshape(B * T, d)
-    h = F.gelu(_lin(h, w1, b1))
-    return x + _lin(h, w2, b2).view(B, T, d)
+    B, shape = x.shape[0], x.shape
+    scale = float(x.shape[2] // heads) ** -0.5
+    h = _norm(x, ln1_w, ln1_b, eps)
+    q, k, v = _lin(h, wq, bq) * scale, _lin(h, wk, bk), _lin(h, wv, bv)
+    y = _self_attend(_heads(q, B, heads), _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start)
+    x = x + _lin(y, wo, bo).view(shape)
+    q = _heads(_lin(_norm(x, ln2_w, ln2_b, eps), cwq, cbq) * scale, B, heads)
+    x = x + _lin(_merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)), cwo, cbo).view(shape)
+    h = F.gelu(_lin(_norm(x, ln3_w, ln3_b, eps), w1, b1))
+    return x + _lin(h, w2, b2).view(shape)
 
 
 def int8_layer_step(
@@ -114,25 +149,15 @@ def int8_layer_step(
     eps: float,
 ) -> Tensor:
     """x [B, T, d] -> [B, T, d], with fbgemm's dynamic int8 products (x quantised per call)."""
-    B, T, d = x.shape[0], x.shape[1], x.shape[2]
-    dh = d // heads
-    scale = float(dh) ** -0.5
-    h = F.layer_norm(x, [d], ln1_w, ln1_b, eps).reshape(B * T, d)
-    qkv_ = torch.ops.quantized.linear_dynamic(h, qkv, True).view(B, T, 3, heads, dh)
-    q = qkv_[:, :, 0].transpose(1, 2) * scale  # [B, H, T, dh]
-    K[:, :, start : start + T] = qkv_[:, :, 1].transpose(1, 2)
-    V[:, :, start : start + T] = qkv_[:, :, 2].transpose(1, 2)
-    k, v = K[:, :, : start + T], V[:, :, : start + T]
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-    y = y.transpose(1, 2).reshape(B * T, d)
-    x = x + torch.ops.quantized.linear_dynamic(y, out, True).view(B, T, d)
-    h = F.layer_norm(x, [d], ln2_w, ln2_b, eps).reshape(B * T, d)
-    q = (torch.ops.quantized.linear_dynamic(h, cross_q, True) * scale).view(B, T, heads, dh).transpose(1, 2)
-    y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0).transpose(1, 2).reshape(B * T, d)
-    x = x + torch.ops.quantized.linear_dynamic(y, cross_out, True).view(B, T, d)
-    h = F.layer_norm(x, [d], ln3_w, ln3_b, eps).reshape(B * T, d)
-    h = F.gelu(torch.ops.quantized.linear_dynamic(h, fc1, True))
-    return x + torch.ops.quantized.linear_dynamic(h, fc2, True).view(B, T, d)
+    B, shape = x.shape[0], x.shape
+    scale = float(x.shape[2] // heads) ** -0.5
+    q, k, v = _q8(_norm(x, ln1_w, ln1_b, eps), qkv).chunk(3, dim=1)  # [B·T, d] each
+    y = _self_attend(_heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start)
+    x = x + _q8(y, out).view(shape)
+    q = _heads(_q8(_norm(x, ln2_w, ln2_b, eps), cross_q) * scale, B, heads)
+    x = x + _q8(_merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)), cross_out).view(shape)
+    h = F.gelu(_q8(_norm(x, ln3_w, ln3_b, eps), fc1))
+    return x + _q8(h, fc2).view(shape)
 
 
 @functools.cache

@@ -52,11 +52,12 @@ class _Attention(nn.Module):
 class DraftLayer(nn.Module):
     """One pre-norm Whisper decoder layer; state_dict keys equal transformers' WhisperDecoderLayer."""
 
-    # a scripted form of `forward` (`layer_steps`), its weight arguments, and the most rows
-    # (B·T) it takes; set by DistilledDraft.quantize_int8 and LeanDecoder. None = eager only
+    # a scripted form of `forward` (`layer_steps`), its weight arguments, the most rows (B·T)
+    # it takes and the norms' eps; set by `use_script`. None (the default) = eager only
     _step = None
     _step_args: tuple = ()
-    _step_rows = 0
+    _step_rows: float = 0
+    _step_eps = 1e-5
 
     def __init__(self, d: int, heads: int, ffn: int) -> None:
         super().__init__()
@@ -66,6 +67,12 @@ class DraftLayer(nn.Module):
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
         self.final_layer_norm = nn.LayerNorm(d)
         self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+
+    def use_script(self, step, args: tuple, max_rows: float) -> None:
+        """Run cached passes of up to `max_rows` rows (B·T) through `step`, a scripted
+        `layer_steps` function, with this layer's weight arguments `args`."""
+        self._step, self._step_args, self._step_rows = step, args, max_rows
+        self._step_eps = self.self_attn_layer_norm.eps
 
     def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
         return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
@@ -90,8 +97,8 @@ class DraftLayer(nn.Module):
         forcing from position 0) it attends over the block itself."""
         T, scale = x.shape[1], self.dh**-0.5
         if cache is not None and self._step is not None and x.shape[0] * T <= self._step_rows:
-            eps = self.self_attn_layer_norm.eps
-            return self._step(x, *self._step_args, *cache, cross_k, cross_v, mask, start, self.heads, eps)
+            args = (*self._step_args, *cache, cross_k, cross_v, mask, start, self.heads, self._step_eps)
+            return self._step(x, *args)
         a = self.self_attn
         h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
         if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three
@@ -241,7 +248,7 @@ class DistilledDraft(nn.Module):
             fuse_qkv(layer.self_attn, Int8Linear.of)
             swap_linears(layer, Int8Linear.of)
             if step is not None:
-                layer._step, layer._step_args, layer._step_rows = step, int8_args(layer), 1 << 30
+                layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count
         self._head_int8 = Int8Linear(self._shared.pop("head").t(), None)  # [N, d]; fp32 copy freed
         return self
 

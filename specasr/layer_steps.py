@@ -11,7 +11,7 @@ as one scripted function, so the interpreter runs the ops without Python between
 - `fp32_layer_step`: a `lean_decoder.LeanDecoder` layer (the target on CPU), for passes of
   up to `cpu_linear.MANY_ROWS` rows, where its products are x·Wᵀ with a contiguous Wᵀ. It
   agrees with the eager layer to about 1e-6 (tested): the target stays the target, as
-  with the product forms of `cpu_linear`. Base, one token: 17.0 → 14.3 ms per pass.
+  with the product forms of `cpu_linear`. Base, one token: 18.9 → 15.5 ms per pass.
 
 Both write this block's keys and values into the preallocated cache at `start` and attend
 over positions 0 … start+T-1, like the eager layer. TorchScript is deprecated in recent

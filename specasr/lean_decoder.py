@@ -55,7 +55,7 @@ class LeanDecoder:
             layer.fc1 = shared_form(TransposedLinear, hf.fc1)
             layer.fc2 = shared_form(TransposedLinear, hf.fc2)
             if step is not None:
-                layer._step, layer._step_args, layer._step_rows = step, fp32_args(layer), MANY_ROWS
+                layer.use_script(step, fp32_args(layer), max_rows=MANY_ROWS)  # F.linear above
             self.layers.append(layer)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]

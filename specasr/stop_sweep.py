@@ -194,9 +194,10 @@ def main(inputs, work, model, draft, gammas, thresholds, c_given, verify, device
 
     if not inputs and work is None:
         raise click.UsageError("give audio files or label shards, or --held-out WORK")
-    if work is not None and not (work / "teacher.pt").is_file():
+    missing = [f for f in ("teacher.pt", "options.json") if work is not None and not (work / f).is_file()]
+    if missing:
         raise click.BadParameter(
-            f"{work} has no teacher.pt (run `specasr distill` there)", param_hint="--held-out"
+            f"{work} has no {' or '.join(missing)} (run `specasr distill` there)", param_hint="--held-out"
         )
     gs = [int(g) for g in gammas.split(",")]  # checked before any model work
     if max(gs) > 7:

@@ -97,7 +97,7 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
     """
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # gradio reads it at each telemetry call
     if pair is None:
-        from specasr.models import load_pair
+        from specasr.models.loading import load_pair
 
         pair = load_pair("base")
 

@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from specasr.audio import SAMPLE_RATE, AudioError, load_audio
+from specasr.audio import AudioError, load_audio
+from specasr.constants import SAMPLE_RATE
 from specasr.options import TranscribeOptions, fallback_schedule
 
 if TYPE_CHECKING:  # types only: `specasr app --help` does not load torch
     import numpy as np
 
-    from specasr.longform import Segment, TranscriptionInfo
+    from specasr.results import Segment, TranscriptionInfo
 
 MIB = 2**20
 _TRANSCRIBE = TranscribeOptions()
@@ -74,6 +75,7 @@ class Controls:
             task=self.task,
             timestamps=bool(self.timestamps),
             seed=int(self.seed),
+            timing=True,  # the statistics table shows the verifier time
         )
         return replace(_TRANSCRIBE, decode=decode, temperatures=fallback_schedule(float(self.temperature)))
 
@@ -149,7 +151,7 @@ class Run:
 
 def run(pair, samples: np.ndarray, controls: Controls) -> Run:
     """Transcribes samples (float32 mono 16 kHz) with the models shared by every request."""
-    from specasr.transcribe import transcribe
+    from specasr.transcription import transcribe
 
     options = controls.options()
     t0 = time.perf_counter()

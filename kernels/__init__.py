@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from specasr.constants import BACKENDS
+from specasr.constants import VERIFY_MODES as MODES
+
 from . import exact, sigmoid
-from ._common import BACKENDS, HAS_TRITON, MODES, check_inputs
+from ._common import HAS_TRITON, check_inputs
 from .reference import baseline, greedy, make_randomness
 from .sigmoid import DEFAULT_SCALE
 

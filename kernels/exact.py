@@ -31,7 +31,6 @@ Bytes moved per call (s = logit itemsize; lower bound B(2G+1)V·s, every logit r
   fp32 for every row, about B(2G+1)V·(s + 16) bytes.
 """
 
-import numpy as np
 import torch
 
 from ._common import (
@@ -40,6 +39,7 @@ from ._common import (
     _scaled,
     _sigmoid_prob,
     arrival_counters,
+    first_argmax,
     next_pow2,
     tl,
     triton,
@@ -125,18 +125,6 @@ def _draw_cpu(
             i = int(first_argmax(p_row / e))
         tokens.append(i)
     return torch.tensor(tokens, dtype=torch.long)
-
-
-def first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dimension, first maximal index on ties: [..., V] -> [...] int64.
-
-    On CPU, numpy's argmax is several times faster than torch's (about 8 µs against 97 µs for
-    one 51865-wide fp32 row on the dev box) and has the same semantics: first maximal index,
-    NaN counts as maximal. bf16 has no numpy dtype, and other devices keep torch's.
-    """
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16) or x.requires_grad:
-        return torch.argmax(x, dim=-1)
-    return torch.from_numpy(np.ascontiguousarray(x.numpy().argmax(axis=-1))).long()
 
 
 def greedy_fast(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

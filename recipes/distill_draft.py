@@ -12,7 +12,7 @@ Three resumable stages, each cached in a work directory:
    next-token probabilities over that vocabulary are kept. A share of the sequences is
    prefixed with another window's text as a <|startofprev|> prompt, as long-form decoding
    does.
-3. **train**: a 1–2 layer draft, initialised from target layers (`specasr.draft`), learns
+3. **train**: a 1–2 layer draft, initialised from target layers (`specasr.models.draft`), learns
    those distributions (cross-entropy on soft targets = KL up to a constant), with AdamW
    and a cosine schedule; checkpointed every `checkpoint_every` steps and resumable. The
    held-out windows report greedy agreement: how often the draft's argmax equals the
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specasr.draft import DistilledDraft
+from specasr.models.draft import DistilledDraft
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus", ".sph", ".webm"}
 WINDOW = 16000 * 30
@@ -112,7 +112,7 @@ def _batches(items, size: int):
 @torch.inference_mode()
 def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Path]:
     """Stage 1; writes work/labels/NNNNN.pt shards {names, states [b,1500,d] fp16, tokens, timestamps}."""
-    from specasr.decoding import decode_states
+    from specasr.decode.loop import decode_states
     from specasr.features import log_mel_window, pad_or_trim
     from specasr.options import DecodeOptions
 
@@ -193,8 +193,8 @@ class Example:
 def teacher(pair, records: list[dict], vocab_ids: torch.Tensor, opts: DistillOptions):
     """Stage 2: label shards (as `label` wrote them) -> (states [n,1500,d] fp16, examples).
     One batched teacher-forced pass per shard."""
-    from specasr.decoding import start_sequence, task_filters
-    from specasr.filters import apply_filters
+    from specasr.decode.filters import apply_filters
+    from specasr.decode.task import start_sequence, task_filters
     from specasr.options import DecodeOptions
 
     tok = pair.tokenizer

@@ -16,7 +16,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-SAMPLE_RATE = 16000
+from specasr.constants import SAMPLE_RATE
+
 MAX_CHANNELS = 8  # the short axis of a 2-D array must be at most this to count as channels
 
 AudioSource = str | os.PathLike | bytes | bytearray | np.ndarray

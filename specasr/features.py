@@ -12,13 +12,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specasr.audio import SAMPLE_RATE
+from specasr.constants import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE
 
 N_FFT = 400
-HOP_LENGTH = 160
-CHUNK_LENGTH = 30  # seconds per decoder window
-N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000
 
 _F_SP = 200.0 / 3  # slaney scale: linear below 1 kHz, 200/3 Hz per mel
 _MIN_LOG_HZ = 1000.0

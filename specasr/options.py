@@ -6,11 +6,11 @@ is copied into a second signature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-MODES = ("autoregressive", "baseline", "exact", "sigmoid")
+from specasr.constants import BACKENDS, MODES
+
 GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic")
-BACKENDS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class DecodeOptions:
     suppress_blank: bool = True  # suppress " " and <|endoftext|> as the first sampled token
     suppress_tokens: bool = True  # suppress the model's non-speech tokens (generation config)
     backend: str = "auto"  # verifier backend: auto | triton | torch
+    timing: bool = False  # time the loop's phases into DecodeStats (CUDA: events); off costs nothing
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -99,3 +100,7 @@ class TranscribeOptions:
             )
         if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
             raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")
+
+    def with_decode(self, **changes) -> TranscribeOptions:
+        """These options with `decode` fields replaced: o.with_decode(mode="autoregressive")."""
+        return replace(self, decode=replace(self.decode, **changes))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: the CLI imports this module without loading torch
-    from specasr.longform import Segment, TranscriptionInfo
+    from specasr.results import Segment, TranscriptionInfo
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 

@@ -37,14 +37,14 @@ def librivox() -> list[Clip]:
 @pytest.fixture(scope="session")
 def base_pair():
     """The packaged `base` target with no draft (attach drafts with `with_self_draft`)."""
-    from specasr.models import load_pair
+    from specasr.models.loading import load_pair
 
     return load_pair("base", None, device="cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny_en_pair():
-    from specasr.models import load_pair
+    from specasr.models.loading import load_pair
 
     return load_pair("tiny.en", None, device="cpu")
 
@@ -53,7 +53,7 @@ def with_self_draft(pair, k: int):
     """The same target with `self:k` as its draft (no weights copied)."""
     from dataclasses import replace
 
-    from specasr.models import self_draft
+    from specasr.models.loading import self_draft
 
     return replace(pair, draft=self_draft(pair.target, k), shared_encoder=True, draft_name=f"self:{k}")
 

@@ -20,7 +20,7 @@ from gradio_client.exceptions import AppError
 from specasr.apps.gradio_app import build_app, launch
 from specasr.apps.service import AppOptions, Controls
 
-from specasr.evaluate import wer
+from specasr.eval.metric import wer
 from specasr.options import MODES
 
 pytestmark = [

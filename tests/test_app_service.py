@@ -17,7 +17,8 @@ from specasr.options import FALLBACK_TEMPERATURES, TranscribeOptions
 
 def test_controls_map_onto_the_library_options():
     default = Controls().options()
-    assert default == TranscribeOptions()  # the app starts from the library's defaults
+    # the app starts from the library's defaults, and times the phases for its statistics table
+    assert default == TranscribeOptions().with_decode(timing=True)
     assert default.temperatures == FALLBACK_TEMPERATURES
     opts = Controls(
         mode="sigmoid",
@@ -76,7 +77,7 @@ def test_app_command_binds_to_loopback_unless_told(monkeypatch):
     monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
     import specasr.apps.gradio_app as gradio_app
 
-    import specasr.cli_app as cli_app
+    import specasr.cli.app as cli_app
 
     calls = {}
 

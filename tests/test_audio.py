@@ -7,7 +7,8 @@ import soundfile as sf
 import soxr
 
 from specasr import audio
-from specasr.audio import SAMPLE_RATE, AudioError, load_audio
+from specasr.audio import AudioError, load_audio
+from specasr.constants import SAMPLE_RATE
 
 
 @pytest.fixture(scope="module")

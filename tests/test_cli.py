@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from specasr.cli import main
-from specasr.evaluate import wer
+from specasr.eval.metric import wer
 
 
 def test_transcribe_prints_one_transcript_per_file(librivox):

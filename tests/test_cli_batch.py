@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from specasr.cli import main
-from specasr.evaluate import wer
+from specasr.eval.metric import wer
 from specasr.writers import FORMATS, JSON_SCHEMA
 
 TINY = ["--model", "tiny.en", "--mode", "autoregressive"]

@@ -9,10 +9,10 @@ import soxr
 import torch
 from conftest import with_self_draft
 
-from specasr.decoding import decode
-from specasr.evaluate import wer
+from specasr.decode.loop import decode
+from specasr.eval.metric import wer
 from specasr.options import DecodeOptions
-from specasr.transcribe import transcribe_clip
+from specasr.transcription import transcribe_clip
 
 AR = DecodeOptions(mode="autoregressive")
 

@@ -8,13 +8,19 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tiny_pairs import random_tiny_pair
 from toy import TOY_FRAMES, toy_pair
 
-from specasr import decoding, kernels
-from specasr.decoding import DecoderRunner, decode, make_runner
-from specasr.filters import apply_filters, build_filters
+from specasr import kernels
+from specasr.cpu.lean import LeanDecoder
+from specasr.decode import loop
+from specasr.decode.filters import apply_filters, build_filters
+from specasr.decode.loop import decode
+from specasr.decode.runners import DecoderRunner, make_runner
+from specasr.decode.step import Hooks, Pass
+from specasr.decode.stop import confidence
+from specasr.decode.task import start_sequence
 from specasr.options import DecodeOptions
-from specasr.testing import random_tiny_pair
 
 MAX_NEW = 40
 # Random drafts are never confident, so the draft-confidence stop would end every run after one
@@ -75,14 +81,16 @@ def test_gamma_never_overruns_the_token_limit(tiny):
 def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monkeypatch):
     """window_s counts runner set-up and the first target pass, once per window."""
     slow = 0.02
-    make = decoding.make_runner
+    make = loop.make_runner
 
     def slow_make(*args, **kwargs):  # a set-up that takes a known time
         time.sleep(slow)
         return make(*args, **kwargs)
 
-    monkeypatch.setattr(decoding, "make_runner", slow_make)
-    opts = DecodeOptions(draft_stop=0.0, mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
+    monkeypatch.setattr(loop, "make_runner", slow_make)
+    opts = DecodeOptions(
+        draft_stop=0.0, mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW, timing=True
+    )
     stats = decode(tiny, _mels(1), opts)[0].stats
     runners = 1 if mode == "autoregressive" else 2
     assert runners * slow < stats.window_s < stats.decoder_s  # set-up, plus a first pass
@@ -93,52 +101,47 @@ def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monk
 def runner_kind(request, monkeypatch):
     """Both decoder loops: `LeanRunner` (CPU fp32) and `DecoderRunner` (elsewhere)."""
     if request.param == "transformers":
-        monkeypatch.setattr(decoding.LeanDecoder, "supports", staticmethod(lambda model: False))
+        monkeypatch.setattr(LeanDecoder, "supports", staticmethod(lambda model: False))
     return request.param
 
 
 def test_both_runners_decode_identically(tiny, ar_reference, runner_kind):
     opts = DecodeOptions(draft_stop=0.0, mode="exact", gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
-    runner = decoding.make_runner(tiny.target, torch.zeros(1, 1500, tiny.target.config.d_model))
+    runner = make_runner(tiny.target, torch.zeros(1, 1500, tiny.target.config.d_model))
     assert isinstance(runner, DecoderRunner) == (runner_kind == "transformers")
     assert [r.tokens for r in decode(tiny, _mels(3), opts)] == ar_reference
     ar = decode(tiny, _mels(3), replace(opts, mode="autoregressive"))
     assert [r.tokens for r in ar] == ar_reference
 
 
-def _parity_stop(rows, picked, temperature):
-    """A stand-in confidence that depends on the draft's own sample: row 0's proposal odd ->
-    "unsure" (0.0), so a run ends there whenever draft_stop > 0."""
-    return 0.0 if int(picked[0]) % 2 else 1.0
+class ParityStop:
+    """A stop policy that depends on the draft's own sample: row 0's proposal odd -> stop."""
+
+    def stop(self, rows, picked) -> bool:
+        return bool(int(picked[0]) % 2)
 
 
 @pytest.mark.parametrize("stop", [False, True])
-def test_rollback_equals_cache_from_scratch(tiny, monkeypatch, runner_kind, stop):
+def test_rollback_equals_cache_from_scratch(tiny, runner_kind, stop):
     """After every verify pass, both KV caches equal caches computed afresh on the prefix,
-    also when the draft-confidence stop ends runs early."""
-    checked = {"rejections": 0}
-    original = decoding._Loop._speculative_step
+    also when the draft stop ends runs early."""
+    checked = {"rejections": 0, "passes": 0}
 
-    def checked_step(self, active, target, draft, gamma):
-        out = original(self, active, target, draft, gamma)
-        used, m = out[0], out[1]  # γ used, fewest accepted
-        checked["rejections"] += m < used
-        for runner, model in ((target, self.pair.target), (draft, self.pair.draft)):
+    def check(done: Pass) -> None:
+        checked["passes"] += 1
+        checked["rejections"] += done.advanced - 1 < done.proposal.gamma
+        contexts = done.batch.contexts()
+        for runner, model in ((done.target, tiny.target), (done.draft, tiny.draft)):
             fresh = make_runner(model, runner.states)
-            fresh(self._tensor(active, 0, runner.length), 1)
+            fresh(torch.tensor([c[: runner.length] for c in contexts]), 1)
             for a, b in zip(runner.cache_prefix(), fresh.cache_prefix(), strict=True):
                 assert a.shape == b.shape
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-        return out
 
-    monkeypatch.setattr(decoding._Loop, "_speculative_step", checked_step)
-    if stop:
-        monkeypatch.setattr(decoding, "_confidence", _parity_stop)
-    opts = DecodeOptions(
-        mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=30, draft_stop=0.5 if stop else 0.0
-    )
-    stats = decode(tiny, _mels(2), opts)[0].stats
-    assert checked["rejections"] >= 3
+    hooks = Hooks(stop=ParityStop() if stop else None, on_pass=check)
+    opts = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", max_new_tokens=30, draft_stop=0.0)
+    stats = decode(tiny, _mels(2), opts, hooks=hooks)[0].stats
+    assert checked["rejections"] >= 3 and checked["passes"] == len(stats.gammas)
     assert (0 < stats.draft_stops < len(stats.gammas)) if stop else stats.draft_stops == 0
 
 
@@ -147,24 +150,23 @@ def test_confidence_is_the_least_row_probability_of_the_picked_token():
     rows = torch.tensor([[0.0, 0.0, -math.inf], [2.0, 0.0, 0.0]])  # [B=2, V=3], filtered
     picked = torch.tensor([1, 0])
     e2 = math.exp(2)
-    assert decoding._confidence(rows, picked, 0.0) == pytest.approx(min(0.5, e2 / (e2 + 2)))
-    assert decoding._confidence(rows, picked, 1.0) == pytest.approx(0.5)  # T = 0 scores at T = 1
+    assert confidence(rows, picked, 0.0) == pytest.approx(min(0.5, e2 / (e2 + 2)))
+    assert confidence(rows, picked, 1.0) == pytest.approx(0.5)  # T = 0 scores at T = 1
     e4 = math.exp(4)  # at T = 0.5, row 1's pick has e^4 / (e^4 + 2)
-    assert decoding._confidence(rows[1:], picked[1:], 0.5) == pytest.approx(e4 / (e4 + 2))
+    assert confidence(rows[1:], picked[1:], 0.5) == pytest.approx(e4 / (e4 + 2))
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_draft_stop_is_exact_at_t0_and_shortens_runs(tiny, ar_reference, batch, monkeypatch):
+def test_draft_stop_is_exact_at_t0_and_shortens_runs(tiny, ar_reference, batch):
     seen = []
-    real = decoding._confidence
 
-    def spy(rows, picked, temperature):
-        seen.append(real(rows, picked, temperature))
-        return seen[-1]
+    class Spy:  # never stops; records the draft's q(d) at every proposal
+        def stop(self, rows, picked) -> bool:
+            seen.append(confidence(rows, picked, 0.0))
+            return False
 
-    monkeypatch.setattr(decoding, "_confidence", spy)
     opts = DecodeOptions(mode="baseline", gamma=5, gamma_policy="fixed", max_new_tokens=MAX_NEW)
-    full = decode(tiny, _mels(3)[:batch], replace(opts, draft_stop=1e-12))[0].stats  # never stops
+    full = decode(tiny, _mels(3)[:batch], opts, hooks=Hooks(stop=Spy()))[0].stats
     assert (
         full.draft_stops == 0 and full.gammas.count(5) > len(full.gammas) // 2
     )  # (the token limit clips the last)
@@ -227,12 +229,12 @@ def _tv(counts: dict, total: int, exact: dict) -> float:
     return 0.5 * sum(abs(counts.get(k, 0) / total - exact.get(k, 0.0)) for k in keys)
 
 
-def _sample_outcomes(pair, mel, opts) -> dict:
+def _sample_outcomes(pair, mel, opts, hooks: Hooks | None = None) -> dict:
     counts: dict = {}
     per_batch = 5_000
     for i in range(N_SAMPLES // per_batch):
         batch = mel.expand(per_batch, -1, -1)
-        for r in decode(pair, batch, replace(opts, seed=opts.seed + i)):
+        for r in decode(pair, batch, replace(opts, seed=opts.seed + i), hooks=hooks):
             key = tuple(r.tokens[:N_TOKENS]) + ((pair.tokenizer.eot,) if len(r.tokens) < N_TOKENS else ())
             counts[key] = counts.get(key, 0) + 1
     return counts
@@ -292,11 +294,10 @@ def test_sampling_check_rejects_an_always_accepting_verifier(sampling_setup, mon
     assert tv > bound
 
 
-def test_sampling_with_a_draft_dependent_stop_matches_target_distribution(sampling_setup, monkeypatch):
+def test_sampling_with_a_draft_dependent_stop_matches_target_distribution(sampling_setup):
     """Ending a draft run on the draft's own sample keeps the target's distribution."""
     pair, mel, opts, exact, bound = sampling_setup
-    monkeypatch.setattr(decoding, "_confidence", _parity_stop)
-    counts = _sample_outcomes(pair, mel, replace(opts, gamma=3, draft_stop=0.5))
+    counts = _sample_outcomes(pair, mel, replace(opts, gamma=3), Hooks(stop=ParityStop()))
     tv = _tv(counts, N_SAMPLES, exact)
     print(f"TV(speculative with stops, target) = {tv:.4f}; bound = {bound:.4f}")
     assert tv <= bound
@@ -324,7 +325,7 @@ def test_no_speech_prob_is_read_at_the_sot_row_after_a_prompt(tiny, mode):
     mel = _mels(1, seed=9)
     opts = DecodeOptions(mode=mode, gamma=3, gamma_policy="fixed", max_new_tokens=8)
     result = decode(tiny, mel, opts, prompt=prompt)[0]
-    init, sot = decoding.start_sequence(tiny, opts, "en", prompt)
+    init, sot = start_sequence(tiny, opts, "en", prompt)
     states = tiny.encode(mel)[0]
     with torch.inference_mode():
         logits = DecoderRunner(tiny.target, states)(torch.tensor([init]), len(init))  # [1, L, V]

@@ -66,9 +66,9 @@ def test_distill_end_to_end_resumes_and_yields_an_exact_draft(base_pair, tmp_pat
     resume, loading, exactness), not the quality of the draft."""
     from dataclasses import replace
 
-    from specasr.models import load_draft
+    from specasr.models.loading import load_draft
     from specasr.options import DecodeOptions
-    from specasr.transcribe import transcribe_clip
+    from specasr.transcription import transcribe_clip
 
     audio_dir = tmp_path / "audio"
     audio_dir.mkdir()

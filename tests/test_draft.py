@@ -9,13 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_pairs import random_tiny_pair
 
-from specasr.cpu_linear import Int8Linear, TransposedLinear, WideLinear, int8_available
-from specasr.decoding import DecoderRunner, decode, make_runner
-from specasr.draft import DistilledDraft, is_draft_file, load_draft
-from specasr.lean_decoder import LeanDecoder, LeanRunner, lean_decoder
+from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
+from specasr.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
+from specasr.decode.loop import decode
+from specasr.decode.runners import DecoderRunner, make_runner
+from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.options import DecodeOptions
-from specasr.testing import random_tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +225,7 @@ def test_scripted_target_layers_match_the_eager_lean_decoder(base_pair):
     """`layer_steps.fp32_layer_step`: the target's scripted passes (up to MANY_ROWS rows)
     agree with the eager LeanDecoder layers, and blocks above that stay eager. On base's
     real weights: a random tiny model's logits are too small to show a wrong scale."""
-    from specasr.cpu_linear import MANY_ROWS
+    from specasr.cpu.linear import MANY_ROWS
 
     t = base_pair.target
     eager, scripted = LeanDecoder(t, script=False), LeanDecoder(t)
@@ -242,7 +243,9 @@ def test_scripted_target_layers_match_the_eager_lean_decoder(base_pair):
             runner.rollback(66)  # rejected proposals: rewrite their cache slots
             out.append(runner(torch.tensor([[7, 8]]), 2))
             outs.append(torch.cat(out, dim=1))  # [1, 64 + 12 + 2, V]
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-4)  # logits of size ~10
+    # logits of size ~10: summation order moves them by up to ~3e-4 on some CPUs; a 0.1% wrong
+    # scale would move them by ~1e-2
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-3)
     assert torch.equal(outs[1].argmax(-1), outs[0].argmax(-1))
     with torch.inference_mode():  # above MANY_ROWS rows the scripted decoder runs its eager layers
         big = torch.tensor([[50258, 50259, 50359, 50363] + [440] * 70])  # 74 rows
@@ -269,7 +272,7 @@ def test_draft_reuses_the_targets_cross_kv_where_it_kept_the_projections(tiny):
 def test_a_self_draft_shares_its_targets_derived_weights(tiny):
     """`self:K` reuses the target's modules, so its CPU view reuses their transposed and
     packed copies instead of building a second set."""
-    from specasr.models import self_draft
+    from specasr.models.loading import self_draft
 
     t = tiny.target
     draft = self_draft(t, 1)

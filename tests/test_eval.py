@@ -12,8 +12,9 @@ from specasr.recipes import DATASETS
 from test_recipes import make_librispeech
 
 from specasr.cli import main
-from specasr.eval_report import summarize
-from specasr.evaluate import RESULTS, EvalOptions, Evaluator, read_results, select, wer, wer_normalized
+from specasr.eval.metric import wer, wer_normalized
+from specasr.eval.report import summarize
+from specasr.eval.runner import RESULTS, EvalOptions, Evaluator, read_results, select
 
 MODES = ("autoregressive", "baseline", "exact", "sigmoid")
 
@@ -245,7 +246,7 @@ def test_selection_fraction_limit_and_shards(mini):
 
 
 def test_paper_setting_and_bad_options(tmp_path):
-    from specasr.evaluate import paper_options
+    from specasr.eval.runner import paper_options
 
     d = paper_options(EvalOptions(batch_size=4)).decode
     assert (d.temperature, d.gamma, d.gamma_policy, d.max_new_tokens, d.sigmoid_scale) == (

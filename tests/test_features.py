@@ -3,17 +3,9 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor
 
-from specasr.audio import SAMPLE_RATE, load_audio
-from specasr.features import (
-    HOP_LENGTH,
-    N_FFT,
-    N_FRAMES,
-    N_SAMPLES,
-    log_mel,
-    log_mel_window,
-    mel_filters,
-    pad_or_trim,
-)
+from specasr.audio import load_audio
+from specasr.constants import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
+from specasr.features import N_FFT, log_mel, log_mel_window, mel_filters, pad_or_trim
 
 
 @pytest.fixture(scope="module")

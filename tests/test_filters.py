@@ -4,9 +4,9 @@ timestamps' total probability beats every single text token."""
 from __future__ import annotations
 
 import torch
+from tiny_pairs import random_tiny_pair
 
-from specasr.filters import TimestampRules
-from specasr.testing import random_tiny_pair
+from specasr.decode.filters import TimestampRules
 
 
 def _rules():

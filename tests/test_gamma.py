@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specasr.gamma import (
+from specasr.decode.gamma import (
     AdaptiveGamma,
     AnalyticGamma,
     FixedGamma,

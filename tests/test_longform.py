@@ -14,14 +14,14 @@ import pytest
 import torch
 from conftest import with_self_draft
 
-from specasr import longform
-from specasr.decoding import DecodeResult
-from specasr.evaluate import wer
-from specasr.longform import compression_ratio, is_silence, needs_fallback, split_window
-from specasr.longform_bench import LongRecording, long_recording
+from specasr.decode.stats import DecodeStats
+from specasr.eval.metric import wer
+from specasr.longform import windows as longform
+from specasr.longform.windows import is_silence, needs_fallback, split_window
 from specasr.options import TranscribeOptions
-from specasr.stats import DecodeStats
-from specasr.transcribe import transcribe
+from specasr.research.longform import LongRecording, long_recording
+from specasr.results import DecodeResult, compression_ratio
+from specasr.transcription import transcribe
 
 SR = 16000
 
@@ -267,7 +267,8 @@ def test_options_are_validated():
 
 
 def test_batched_fallback_redecodes_only_the_failing_rows(tiny_en_pair, long_audio, spy, monkeypatch):
-    from specasr.features import N_SAMPLES, log_mel
+    from specasr.constants import N_SAMPLES
+    from specasr.features import log_mel
 
     pair = with_self_draft(tiny_en_pair, 2)  # shared encoder: draft states are the target's
     mel = log_mel(long_audio.samples, 80, padding=N_SAMPLES)[0]

@@ -16,13 +16,13 @@ import jiwer
 import pytest
 import soundfile as sf
 import torch
+from tiny_pairs import random_tiny_pair
 from transformers import WhisperFeatureExtractor
 from whisper_normalizer.english import EnglishTextNormalizer
 
-import specasr.convert
-from specasr.convert import CT2Files, cached_conversion, content_key, convert_ct2
-from specasr.models import encoders_equal, list_presets, load_pair, offline_files, self_draft
-from specasr.testing import random_tiny_pair
+import specasr.models.convert
+from specasr.models.convert import CT2Files, cached_conversion, content_key, convert_ct2
+from specasr.models.loading import encoders_equal, list_presets, load_pair, offline_files, self_draft
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +141,7 @@ def test_conversion_cache_is_reused(tiny_hf_dir, monkeypatch, tmp_path):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(specasr.convert, "convert_ct2", no_conversion)
+    monkeypatch.setattr(specasr.models.convert, "convert_ct2", no_conversion)
     assert cached_conversion(offline_files("tiny.en")) == tiny_hf_dir
     load_pair("tiny.en", draft=None)
     # The key is the content of model.bin, not its file layout: split parts hit the same entry.

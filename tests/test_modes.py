@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from conftest import with_self_draft
 
-from specasr.decoding import decode
+from specasr.decode.loop import decode
 from specasr.options import MODES, DecodeOptions
 
 

@@ -10,19 +10,19 @@ from dataclasses import replace
 
 import pytest
 
-from specasr.cpu_linear import int8_available
-from specasr.decoding import decode
-from specasr.draft import DistilledDraft
-from specasr.longform_bench import long_recording
-from specasr.models import PRESETS, packaged_draft
+from specasr.cpu.linear import int8_available
+from specasr.decode.loop import decode
+from specasr.decode.stats import DecodeStats
+from specasr.models.draft import DistilledDraft
+from specasr.models.loading import PRESETS, packaged_draft
 from specasr.options import DecodeOptions, TranscribeOptions
-from specasr.stats import DecodeStats
-from specasr.transcribe import transcribe
+from specasr.research.longform import long_recording
+from specasr.transcription import transcribe
 
 
 @pytest.fixture(scope="module")
 def shipped(base_pair):
-    from specasr.draft import load_draft
+    from specasr.models.draft import load_draft
 
     draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
     if int8_available():  # as load_pair ships it on CPU
@@ -34,7 +34,7 @@ def test_the_base_preset_ships_a_small_distilled_draft():
     assert PRESETS["base"].draft == "packaged:base"
     path = packaged_draft("base")
     assert path.stat().st_size <= 25 * 2**20  # fp16, the draft's own weights only
-    from specasr.models import load_pair
+    from specasr.models.loading import load_pair
 
     pair = load_pair("base", device="cpu")
     assert isinstance(pair.draft, DistilledDraft) and pair.shared_encoder

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specasr.gamma import best_speedup
-from specasr.speedup_bench import StepCosts, _bound_rows, _side_by_side, side_by_side_table
-from specasr.stats import DecodeStats
+from specasr.decode.gamma import best_speedup
+from specasr.decode.stats import DecodeStats
+from specasr.research.speedup import StepCosts, _bound_rows, _side_by_side, side_by_side_table
 
 
 def _rows(curve: dict[int, float], **lf) -> dict[str, str]:

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from tiny_pairs import random_tiny_pair
 
-from specasr.decoding import decode_states, start_sequence
+from specasr.decode.loop import decode_states
+from specasr.decode.task import start_sequence
 from specasr.options import DecodeOptions
-from specasr.stop_sweep import simulate, sweep, teacher_forced
-from specasr.testing import random_tiny_pair
+from specasr.research.stop_sweep import simulate, sweep, teacher_forced
 
 V = {1: 1.0, 2: 1.2, 3: 1.3, 4: 1.35, 5: 1.4, 6: 1.5}
 C = 0.25
@@ -79,7 +80,7 @@ def test_teacher_forced_positions_line_up_with_the_targets_tokens(tiny):
 
 
 def test_from_audio_reports_an_unreadable_file_and_goes_on(tiny, tmp_path):
-    from specasr.stop_sweep import from_audio
+    from specasr.research.stop_sweep import from_audio
 
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"not audio at all")
@@ -99,7 +100,7 @@ def test_held_out_windows_are_the_ones_distill_training_held_out(tiny, tmp_path)
 
     from specasr.recipes.distill_draft import DistillOptions, Example, split_examples
 
-    from specasr.stop_sweep import from_work
+    from specasr.research.stop_sweep import from_work
 
     states, _, label = _window(tiny)
     examples, expected_ts = [], []
@@ -131,7 +132,7 @@ def test_held_out_windows_are_the_ones_distill_training_held_out(tiny, tmp_path)
 def test_cli_needs_inputs_or_a_held_out_work_dir(tmp_path):
     from click.testing import CliRunner
 
-    from specasr.stop_sweep import main
+    from specasr.research.stop_sweep import main
 
     assert CliRunner().invoke(main, []).exit_code == 2
     result = CliRunner().invoke(main, ["--held-out", str(tmp_path)])

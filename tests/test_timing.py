@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specasr.longform import Segment
-from specasr.stats import DecodeStats
-from specasr.timing import trim_trailing_silence
+from specasr.decode.stats import DecodeStats
+from specasr.longform.timing import trim_trailing_silence
+from specasr.results import Segment
 
 
 def _segment(start: float, end: float) -> Segment:

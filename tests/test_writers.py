@@ -13,10 +13,10 @@ import pytest
 from conftest import with_self_draft
 
 from specasr import writers
-from specasr.longform import Segment, TranscriptionInfo
+from specasr.decode.stats import DecodeStats
 from specasr.options import TranscribeOptions
-from specasr.stats import DecodeStats
-from specasr.transcribe import transcribe
+from specasr.results import Segment, TranscriptionInfo
+from specasr.transcription import transcribe
 
 SRT_TIME = re.compile(r"^(\d{2}):(\d{2}):(\d{2}),(\d{3}) --> (\d{2}):(\d{2}):(\d{2}),(\d{3})$")
 VTT_TIME = re.compile(r"^(\d{2}):(\d{2}):(\d{2})\.(\d{3}) --> (\d{2}):(\d{2}):(\d{2})\.(\d{3})$")

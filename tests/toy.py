@@ -11,8 +11,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 from transformers import GenerationConfig
 
-from specasr.convert import whisper_config
-from specasr.models import ModelPair
+from specasr.models.convert import whisper_config
+from specasr.models.loading import ModelPair
 from specasr.tokenizer import Tokenizer
 
 TOY_FRAMES = 20  # mel frames per toy window (real Whisper: 3000): keeps huge batches cheap

@@ -1,0 +1,122 @@
+"""`specasr distill`: make a fast draft for a target (corpus synthesis, then distillation)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from specasr.cli.common import load_models
+
+
+@click.group()
+def distill() -> None:
+    """Distil a shallow, reduced-vocabulary draft for a Whisper target."""
+
+
+@distill.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--windows", type=int, default=1500, show_default=True, help="30 s windows to synthesise.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option(
+    "--exclude",
+    "exclude_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Transcripts file ('<id> <text>' lines) whose texts must not be spoken (held-out test sets).",
+)
+def corpus(out_dir, windows, seed, workers, exclude_file):
+    """Synthesise English training audio from Debian's TTS voices into OUT_DIR (resumable)."""
+    from tqdm import tqdm
+
+    from specasr.recipes.tts_corpus import CorpusOptions, make_corpus
+
+    exclude = []
+    if exclude_file:
+        with open(exclude_file) as f:
+            exclude = [ln.split(maxsplit=1)[1] for ln in f if len(ln.split(maxsplit=1)) == 2]
+    try:
+        with tqdm(total=windows, desc="corpus", unit="window") as bar:
+            make_corpus(
+                out_dir, CorpusOptions(windows=windows, seed=seed, workers=workers), exclude, bar.update
+            )
+    except RuntimeError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+
+
+def _layers(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer indices, got {value!r}") from None
+
+
+@distill.command()
+@click.argument("audio_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--model", default="base", show_default=True, help="Target: preset, HF id or directory.")
+@click.option(
+    "--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Draft file (.safetensors)."
+)
+@click.option(
+    "--work", "work_dir", required=True, type=click.Path(file_okay=False), help="Cache / resume dir."
+)
+@click.option("--layers", default="0,-1", show_default=True, help="Target decoder layers to start from.")
+@click.option("--vocab", type=int, default=16384, show_default=True, help="Draft vocabulary (0 = full).")
+@click.option("--epochs", type=int, default=6, show_default=True)
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--lr", type=float, default=5e-4, show_default=True)
+@click.option("--language", default="en", show_default=True, help="Label language ('auto': detect).")
+@click.option("--max-windows", type=int, default=None, help="Use at most this many windows.")
+@click.option(
+    "--stop-after", type=click.Choice(["label", "teacher", "train"]), default="train", show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default=None, help="cpu, cuda … (default: cuda when available).")
+def train(
+    audio_dir,
+    model,
+    out_file,
+    work_dir,
+    layers,
+    vocab,
+    epochs,
+    batch_size,
+    lr,
+    language,
+    max_windows,
+    stop_after,
+    seed,
+    device,
+):
+    """Label AUDIO_DIR with the target's greedy transcripts and train a draft on them."""
+    from specasr.recipes.distill_draft import DistillOptions
+    from specasr.recipes.distill_draft import distill as run
+
+    if not out_file.endswith(".safetensors"):
+        raise click.BadParameter("the draft file must end in .safetensors", param_hint="--out")
+    try:
+        opts = DistillOptions(
+            layers=_layers(layers),
+            vocab=vocab,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            language=None if language == "auto" else language,
+            max_windows=max_windows,
+            seed=seed,
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    pair = load_models(model, "none", "autoregressive", device, "fp32")
+    try:
+        summary = run(pair, audio_dir, out_file, work_dir, opts, log=click.echo, stop_after=stop_after)
+    except (FileNotFoundError, RuntimeError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if stop_after == "train":
+        click.echo(f"wrote {out_file}: {json.dumps(summary['history'][-1])}")
+    else:
+        click.echo(json.dumps(summary))

@@ -1,0 +1,181 @@
+"""`specasr eval`: WER and speculative-decoding metrics of a dataset, per decoding mode."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from specasr.cli.common import DEFAULTS, gamma_options, load_models, model_options
+from specasr.options import MODES
+
+
+def _parse_shard(value: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"expected I/N, e.g. 0/4, got {value!r}") from None
+    if not 0 <= i < n:
+        raise click.BadParameter(f"need 0 <= I < N, got {value}")
+    return i, n
+
+
+def _parse_modes(values: tuple[str, ...]) -> tuple[str, ...]:
+    modes = tuple(dict.fromkeys(m.strip() for v in values for m in v.split(",") if m.strip()))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise click.BadParameter(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def _eval_report(output_dir: str, config: dict, records: list[dict]) -> dict:
+    from specasr.eval.report import PLOT, SUMMARY, TABLE, write_reports
+
+    summary = write_reports(output_dir, config, records)
+    out = Path(output_dir)
+    click.echo((out / TABLE).read_text(), err=False)
+    click.echo(f"wrote {out / 'results.jsonl'}, {out / SUMMARY}, {out / TABLE}", err=True)
+    if not summary["plot"]:
+        click.echo(f"no {out / PLOT}: the plot needs matplotlib (pip install matplotlib)", err=True)
+    return summary
+
+
+@click.command(name="eval")
+@click.argument("name")
+@click.argument("merge_dirs", nargs=-1)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="The dataset's directory.")
+@click.option("--download", is_flag=True, help="Fetch the dataset into --cache-dir (LibriSpeech, TED-LIUM).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path.home() / ".cache" / "specasr" / "datasets",
+    show_default=True,
+)
+@click.option(
+    "--modes",
+    multiple=True,
+    default=[",".join(MODES)],
+    show_default=True,
+    help="Comma-separated (or repeated) decoding modes.",
+)
+@click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True)
+@model_options
+@gamma_options
+@click.option(
+    "--max-new-tokens", type=int, default=None, help="Token limit per utterance (default: 448 context)."
+)
+@click.option(
+    "--paper",
+    is_flag=True,
+    help="The paper's setting: T=1.0, adaptive γ from 5, batch 1, 256 tokens, sigmoid ±1e3.",
+)
+@click.option("--limit", type=int, default=None, help="Only the first N utterances (by id).")
+@click.option(
+    "--fraction", type=float, default=None, help="A random fraction of the utterances (see --seed)."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds --fraction and sampling.")
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option(
+    "--output-dir",
+    "-o",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    help="Default: ./eval-NAME.",
+)
+@click.option(
+    "--shard", default="0/1", show_default=True, help="I/N: this process takes every N-th utterance."
+)
+def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, temperature, gamma,
+          gamma_policy, draft_stop, max_new_tokens, paper, limit, fraction, seed, batch_size, output_dir,
+          shard, device, dtype):  # fmt: skip
+    """WER and speculative-decoding metrics of dataset NAME, per mode.
+
+    NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, or manifest (--data-dir is
+    then a jsonl/csv file). `specasr eval merge DIR... -o OUT` merges shard outputs into OUT.
+    Reruns with the same --output-dir resume. Exit status 1 if any utterance failed.
+    """
+    from specasr.eval.runner import EvalOptions, Evaluator, merge, paper_options, select
+    from specasr.recipes import DATASETS, DatasetError, DownloadError
+
+    if name == "merge":
+        if not merge_dirs or output_dir is None:
+            raise click.UsageError("usage: specasr eval merge DIR... --output-dir OUT")
+        try:
+            config, records = merge(merge_dirs)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        from specasr.eval.runner import CONFIG, RESULTS
+        from specasr.writers import write_atomic
+
+        write_atomic(Path(output_dir) / CONFIG, json.dumps(config, indent=1) + "\n")
+        write_atomic(
+            Path(output_dir) / RESULTS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        )
+        _eval_report(output_dir, config, records)
+        return
+    if merge_dirs:
+        raise click.UsageError(f"unexpected arguments {' '.join(merge_dirs)}")
+    if name not in DATASETS:
+        raise click.UsageError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} (or merge)")
+    recipe = DATASETS[name]
+    try:
+        decode = replace(
+            DEFAULTS,
+            temperature=temperature,
+            gamma=gamma,
+            gamma_policy=gamma_policy,
+            draft_stop=draft_stop,
+            gamma_max=max(DEFAULTS.gamma_max, gamma),
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        )
+        options = EvalOptions(
+            modes=_parse_modes(modes),
+            decode=decode,
+            batch_size=batch_size,
+            limit=limit,
+            fraction=fraction,
+            seed=seed,
+            shard=_parse_shard(shard),
+        )
+        options = paper_options(options) if paper else options
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    if download:
+        if recipe.download is None:
+            raise click.UsageError(f"{name} has no download; give --data-dir")
+        try:
+            data_dir = recipe.download(cache_dir)
+        except DownloadError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+    if data_dir is None:
+        raise click.UsageError("give --data-dir (or --download for LibriSpeech and TED-LIUM)")
+    try:
+        utts = select(recipe.load(data_dir), options)
+    except DatasetError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    speculative = any(m != "autoregressive" for m in options.modes)
+    pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
+    output_dir = output_dir or f"eval-{name}"
+    meta = {"dataset": name, "model": model, "draft": pair.draft_name if speculative else None}
+    meta |= {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch.")}
+    evaluator = Evaluator(pair, options, output_dir, meta)
+    click.echo(f"{name}: {len(utts)} utterances, modes {', '.join(options.modes)} -> {output_dir}", err=True)
+    try:
+        records = evaluator.run(utts)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: {output_dir} holds what is done; rerun the command to resume", err=True)
+        _eval_report(output_dir, *merge([output_dir]))
+        sys.exit(130)
+    _eval_report(output_dir, evaluator.meta, records)
+    if evaluator.failed:
+        click.echo(f"{evaluator.failed} decode(s) failed (see the error field in results.jsonl)", err=True)
+        sys.exit(1)

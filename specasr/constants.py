@@ -1,0 +1,15 @@
+"""Constants of Whisper and of specasr, each defined once. Imports nothing, so every module
+(including `specasr.kernels`) can use it without pulling in torch or a model."""
+
+SAMPLE_RATE = 16000  # Hz: every input is resampled to this
+HOP_LENGTH = 160  # samples per log-Mel frame (10 ms)
+CHUNK_LENGTH = 30  # seconds per decoder window
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples per window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 log-Mel frames per window
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100
+SECONDS_PER_TIMESTAMP = 0.02  # one timestamp token step (<|0.00|>, <|0.02|>, …): 2 log-Mel frames
+N_TEXT_CTX = 448  # Whisper's decoder positions
+
+MODES = ("autoregressive", "baseline", "exact", "sigmoid")  # decoding modes
+VERIFY_MODES = MODES[1:]  # the modes that run a verifier (`specasr.kernels.verify`)
+BACKENDS = ("auto", "triton", "torch")  # verifier backends

@@ -1,0 +1,139 @@
+"""A lean decoder loop: preallocated KV cache, plain torch layers, fast CPU products.
+
+`LeanRunner` runs any decoder that offers `layers` (`draft.DecoderLayer`s), `heads`,
+`d_model`, `embed(tokens, start)` and `logits(hidden)`. Two do:
+
+- `draft.DistilledDraft`, the distilled draft;
+- `LeanDecoder`, a view of a Hugging Face Whisper decoder for CPU. It shares the model's
+  layer norms, embeddings and positions, and holds its matrices as `cpu_linear` products.
+  It computes the same function as the Hugging Face module in fp32, up to the order of
+  summation inside the products: the target stays the target. What it saves is time,
+  mostly at 2+ tokens per pass. The output projection no longer repacks its weight on
+  every call (`cpu_linear.WideLinear`), the layers use contiguous Wᵀ, and there is no
+  module tree, cache object or mask builder. Base, measured on the 2-core dev box
+  (`python -m specasr.research.speedup`): see docs/benchmarks.md.
+
+The cache is indexed by position, so rollback moves a length and recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor, nn
+
+from specasr.constants import N_TEXT_CTX
+from specasr.cpu.linear import MANY_ROWS, TransposedLinear, WideLinear, shared_form
+from specasr.cpu.scripted import fp32_args, scripted
+from specasr.models.layers import DecoderLayer
+
+
+class LeanDecoder:
+    """A Hugging Face Whisper decoder as plain layers with `cpu_linear` products (CPU, fp32)."""
+
+    def __init__(self, model, script: bool = True) -> None:
+        """script: passes of up to MANY_ROWS rows run each layer as one TorchScript function
+        (`layer_steps.fp32_layer_step`), the same maths without Python between the ops."""
+        cfg, dec = model.config, model.model.decoder
+        self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
+        self.layers = nn.ModuleList()
+        step = scripted("fp32") if script else None
+        for hf in dec.layers:
+            layer = DecoderLayer.__new__(DecoderLayer)  # no fresh weights: every part is the model's
+            nn.Module.__init__(layer)
+            layer.heads, layer.dh = self.heads, self.d_model // self.heads
+            for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
+                setattr(layer, name, getattr(hf, name))
+            for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own
+                box = nn.Module()
+                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    box.add_module(proj, shared_form(TransposedLinear, getattr(getattr(hf, name), proj)))
+                setattr(layer, name, box)
+            layer.fc1 = shared_form(TransposedLinear, hf.fc1)
+            layer.fc2 = shared_form(TransposedLinear, hf.fc2)
+            if step is not None:
+                layer.use_script(step, fp32_args(layer), max_rows=MANY_ROWS)  # F.linear above
+            self.layers.append(layer)
+        self.embed_tokens = dec.embed_tokens.weight  # [V, d]
+        self.positions = dec.embed_positions.weight  # [448, d]
+        self.layer_norm = dec.layer_norm
+        self.head = shared_form(WideLinear, model.proj_out)  # [d] -> [V]; Whisper's proj_out has no bias
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whisper decoders the lean layers reproduce: pre-norm, GELU, fp32 on CPU."""
+        cfg = getattr(model, "config", None)
+        return (
+            getattr(cfg, "model_type", None) == "whisper"
+            and cfg.activation_function == "gelu"
+            and model.proj_out.bias is None
+            and model.proj_out.weight.device.type == "cpu"
+            and model.proj_out.weight.dtype == torch.float32
+        )
+
+    def embed(self, tokens: Tensor, start: int) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
+        return self.embed_tokens[tokens] + self.positions[start : start + tokens.shape[1]]
+
+    def logits(self, x: Tensor) -> Tensor:
+        """x [B, T, d] -> logits [B, T, V]."""
+        return self.head(self.layer_norm(x))
+
+
+_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (proj weight, LeanDecoder)
+
+
+def lean_decoder(model) -> LeanDecoder:
+    """The model's LeanDecoder, built once per model (its weights are frozen). Kept beside
+    the model, not on it: oneDNN's packed weight cannot be deep-copied."""
+    cached = _LEAN.get(model)
+    if cached is None or cached[0] is not model.proj_out.weight:
+        cached = (model.proj_out.weight, LeanDecoder(model))
+        _LEAN[model] = cached
+    return cached[1]
+
+
+class LeanRunner:
+    """One decoder's KV cache, preallocated for 448 positions, with the interface of
+    `decoding.DecoderRunner` (call, rollback, keep, length)."""
+
+    def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
+        """cross: per layer precomputed cross K/V for these states, or None to compute it."""
+        self.decoder = decoder
+        self.states = states  # [B, S, d]
+        self.length = 0
+        B = states.shape[0]
+        cross = cross or [None] * len(decoder.layers)
+        with torch.inference_mode():  # per layer K, V [B, H, S, dh]
+            self.cross = [kv or layer.cross_kv(states) for kv, layer in zip(cross, decoder.layers)]
+        shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
+        self.k = [states.new_zeros(shape) for _ in decoder.layers]
+        self.v = [states.new_zeros(shape) for _ in decoder.layers]
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Tensor, last: int) -> Tensor:
+        """tokens [B, T] at positions length … length+T-1 -> logits [B, last, V]."""
+        P, T = self.length, tokens.shape[1]
+        x = self.decoder.embed(tokens, P)
+        mask = None
+        if T > 1:
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+        for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
+            x = layer(x, ck, cv, mask, cache=(K, V), start=P)
+        self.length = P + T
+        return self.decoder.logits(x[:, -last:])
+
+    def rollback(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep only these batch rows (finished rows stop consuming work)."""
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
+        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
+        self.states = self.states[rows]
+
+    def cache_prefix(self) -> list[Tensor]:
+        """Per layer the valid self-attention K and V [B, H, length, dh] (for tests)."""
+        return [t[:, :, : self.length] for layer in zip(self.k, self.v) for t in layer]

@@ -1,0 +1,146 @@
+"""Decoding one batch of 30 s windows: target only (autoregressive) or speculative.
+
+`decode_states` builds the task (start sequence, filters, token limit), then `DecodeLoop`
+runs steps until every row has ended: a target-only step when γ is 0 (or there is no
+draft), else a speculative step (`step.py`: propose, score, verify, commit). The γ policy
+(`gamma.py`) picks each step's γ; the stop policy (`stop.py`) may end a draft run early.
+Finished rows (end of text or token limit) are dropped from both caches, so they stop
+consuming work.
+
+Timing is opt-in (`DecodeOptions.timing`): off, the loop reads no clock for its phases and,
+on CUDA, adds no synchronisation; on, phases are timed with wall time on a CPU and CUDA
+events on a GPU (`stats.Clock`). The `analytic` γ policy needs the times, so it turns them on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specasr.decode.gamma import make_policy
+from specasr.decode.runners import make_runner
+from specasr.decode.stats import Clock, DecodeStats, timed
+from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
+from specasr.decode.stop import make_stop
+from specasr.decode.task import Task, detect_language
+from specasr.options import DecodeOptions
+from specasr.results import DecodeResult
+
+
+class DecodeLoop:
+    """Runs one batched decode to the end and returns its rows."""
+
+    def __init__(self, pair, options: DecodeOptions, task: Task, stats: DecodeStats, hooks: Hooks) -> None:
+        self.pair, self.options, self.task, self.stats, self.hooks = pair, options, task, stats, hooks
+        self.policy = make_policy(options.gamma_policy, options.gamma, options.gamma_max, pair.device.type)
+        clock = Clock(stats, pair.device, options.timing or self.policy.wants_times)
+        gen = torch.Generator(device=pair.device).manual_seed(options.seed)
+        self.ctx = StepContext(pair, options, task, stats, clock, gen)
+
+    def run(self, target_states: Tensor, draft_states: Tensor | None) -> Batch:
+        """target_states [B, 1500, d_target]; draft_states [B, 1500, d_draft], or None for
+        target-only decoding -> the finished batch."""
+        ctx, pair, task = self.ctx, self.pair, self.task
+        batch = Batch.start(task.init, target_states.shape[0])
+        with ctx.clock.phase("window_s"):
+            target = make_runner(pair.target, target_states)
+            draft = None if draft_states is None else make_runner(pair.draft, draft_states, target)
+        runners = [target] + ([draft] if draft is not None else [])
+        step = None
+        if draft is not None:
+            step = SpeculativeStep(
+                ctx,
+                target,
+                draft,
+                self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature),
+            )
+        while batch.active:
+            gamma = 0 if step is None else max(0, min(self.policy.next(), task.limit - batch.length - 1))
+            if gamma == 0:
+                target_step(ctx, batch, target)
+            else:
+                self._speculative(step, batch, gamma)
+            before = len(batch.active)
+            kept = batch.finish(pair.tokenizer.eot, task.limit)
+            if kept and len(kept) < before:
+                rows = torch.tensor(kept, device=pair.device)
+                for runner in runners:
+                    runner.keep(rows)
+        ctx.clock.flush()
+        return batch
+
+    def _speculative(self, step: SpeculativeStep, batch: Batch, gamma: int) -> None:
+        stats, policy = self.stats, self.policy
+        if policy.wants_times:
+            self.ctx.clock.flush()
+        draft_before, target_before = stats.draft_s, stats.target_s
+        done = step(batch, gamma)
+        if policy.wants_times:
+            self.ctx.clock.flush()
+        used = done.proposal.gamma
+        policy.update(
+            used,
+            done.advanced - 1,
+            stats.draft_s - draft_before,
+            stats.target_s - target_before,
+            stopped=done.proposal.stopped,
+        )
+        if self.hooks.on_pass is not None:
+            self.hooks.on_pass(done)
+
+
+@torch.inference_mode()
+def decode(
+    pair, mel: Tensor, options: DecodeOptions, prompt: list[int] | None = None, hooks: Hooks | None = None
+) -> list[DecodeResult]:
+    """mel: Tensor, shape = (B, n_mels, 3000) -> one DecodeResult per row."""
+    stats = DecodeStats()
+    with timed(stats, "encoder_s", pair.device):
+        target_states, draft_states = pair.encode(mel)
+    return decode_states(pair, target_states, draft_states, options, prompt, stats, hooks)
+
+
+@torch.inference_mode()
+def decode_states(
+    pair,
+    target_states: Tensor,
+    draft_states: Tensor | None,
+    options: DecodeOptions,
+    prompt: list[int] | None = None,
+    stats: DecodeStats | None = None,
+    hooks: Hooks | None = None,
+) -> list[DecodeResult]:
+    """Decodes from encoder outputs (reused across temperature fallbacks).
+
+    target_states: (B, 1500, d_target); draft_states: (B, 1500, d_draft) or None.
+    """
+    stats = stats or DecodeStats()
+    if options.speculative and (pair.draft is None or draft_states is None):
+        raise ValueError(f"mode {options.mode!r} needs a draft model; load one or use mode 'autoregressive'")
+    language = options.language
+    if language is None:
+        languages = detect_language(pair, target_states)
+        if len(set(languages)) > 1:
+            raise ValueError("rows of one batch detected different languages; decode them separately")
+        language = languages[0]
+    task = Task.build(pair, options, language, prompt)
+    loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
+    with timed(stats, "decoder_s", pair.device):
+        batch = loop.run(target_states, draft_states if options.speculative else None)
+    tok = pair.tokenizer
+    results = []
+    for r in range(len(target_states)):
+        toks = batch.seqs[r][task.sample_begin :]
+        text_toks = toks[:-1] if toks and toks[-1] == tok.eot else toks
+        results.append(
+            DecodeResult(
+                tokens=text_toks,
+                text=tok.decode(text_toks),
+                avg_logprob=batch.sum_logprob[r] / (len(text_toks) + 1),
+                no_speech_prob=batch.no_speech[r],
+                temperature=options.temperature,
+                language=language,
+                stats=stats,
+            )
+        )
+    return results

@@ -1,0 +1,260 @@
+"""One step of the decoding loop: target only, or speculative in four phases.
+
+The speculative step (Leviathan et al.; gpt-fast's shape):
+
+1. `propose`: the draft proposes d1 … dγ from its own KV cache (argmax, or a sample from
+   q = softmax(filtered draft logits / T)); the stop policy may end the run early.
+2. `score`: the target runs once on [last token, d1 … dγ] and yields γ+1 logit rows, each
+   filtered with its own context prefix + d1 … di (`filters.py`).
+3. `verify`: `specasr.kernels.verify` accepts n of the drafts per row and draws one more
+   token. Token kinds, as vLLM names them: *accepted* drafts, a *recovered* token at the
+   first rejection (drawn from norm(max(0, p − q))), or a *bonus* token when all γ were
+   accepted (drawn from p at row γ).
+4. `commit`: rows advance in lockstep by m + 1 tokens, m = the fewest accepted over the
+   rows, and both KV caches roll back to the accepted prefix. A row that accepted more
+   keeps its accepted draft token at position m + 1 instead of the verifier's token. Any
+   prefix of a speculative sample is distributed as the target's, so this is exact in
+   distribution, and at T = 0 it is the greedy sequence. The faster rows' surplus
+   acceptances are the price of a rectangular KV cache.
+
+Randomness comes from one seeded generator, so `baseline` and `exact` draw the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specasr import kernels
+from specasr.decode.filters import LogitFilter, apply_filters
+from specasr.decode.runners import Runner
+from specasr.decode.stats import Clock, DecodeStats
+from specasr.decode.stop import DraftStop
+from specasr.decode.task import Task
+from specasr.kernels._common import first_argmax
+from specasr.options import DecodeOptions
+
+
+def pick(logits: Tensor, temperature: float, gen: torch.Generator) -> Tensor:
+    """logits [N, V] -> tokens [N]: argmax at T = 0, else the exponential race
+    argmax(softmax(l/T) / E), E ~ Exp(1), an exact sample from softmax(l/T)."""
+    if temperature == 0:
+        return first_argmax(logits)
+    noise = torch.empty(logits.shape, device=logits.device, dtype=torch.float32).exponential_(generator=gen)
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)  # an Exp(1) draw of exactly 0 must not win
+    return (logits.float() / temperature - noise.log()).argmax(dim=-1)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """logits [..., V], tokens [...] -> log softmax(logits)[token], float32 [...]."""
+    rows = logits.float()
+    return rows.gather(-1, tokens[..., None])[..., 0] - torch.logsumexp(rows, -1)
+
+
+@dataclass
+class Batch:
+    """Every row's context and scores; `active` are the rows still decoding (equal lengths)."""
+
+    seqs: list[list[int]]  # per row: start sequence + every token emitted so far
+    sum_logprob: list[float]  # per row: target log-probs of the emitted tokens
+    no_speech: list[float]  # per row: P(<|nospeech|>) at the sot position, once known
+    active: list[int]
+
+    @classmethod
+    def start(cls, init: list[int], rows: int) -> Batch:
+        return cls([list(init) for _ in range(rows)], [0.0] * rows, [math.nan] * rows, list(range(rows)))
+
+    @property
+    def length(self) -> int:
+        return len(self.seqs[self.active[0]])
+
+    def contexts(self, extra: list[list[int]] | None = None) -> list[list[int]]:
+        """The active rows' contexts, each followed by its row of `extra`."""
+        return [self.seqs[r] + (extra[j] if extra else []) for j, r in enumerate(self.active)]
+
+    def tokens(self, start: int, stop: int, device, extra: list[list[int]] | None = None) -> Tensor:
+        """Tokens [len(active), stop-start] of the contexts (plus `extra`) at positions start … stop-1."""
+        return torch.tensor([c[start:stop] for c in self.contexts(extra)], dtype=torch.long, device=device)
+
+    def set_no_speech(self, logits: Tensor, no_speech_id: int) -> None:
+        """logits [B, k, V] of a first pass whose row 0 is the sot position."""
+        probs = torch.softmax(logits[:, 0].float(), dim=-1)[:, no_speech_id].tolist()
+        for r, p in zip(self.active, probs):
+            self.no_speech[r] = p
+
+    def finish(self, eot: int, limit: int) -> list[int]:
+        """Drops rows that ended (eot or the token limit); returns the kept indices into the
+        old `active`, for the runners' `keep`."""
+        kept = [j for j, r in enumerate(self.active) if self.seqs[r][-1] != eot and len(self.seqs[r]) < limit]
+        self.active = [self.active[j] for j in kept]
+        return kept
+
+
+@dataclass
+class Proposal:
+    """The draft's run: per active row d1 … dγ, and the filtered rows they came from."""
+
+    tokens: list[list[int]]  # [B][γ]
+    logits: list[Tensor] = field(default_factory=list)  # γ × [B, V]
+    stopped: bool = False  # the stop policy ended the run before the γ asked for
+
+    @property
+    def gamma(self) -> int:
+        return len(self.logits)
+
+
+@dataclass
+class Pass:
+    """What one speculative pass did, given to `Hooks.on_pass` after the commit."""
+
+    batch: Batch  # its `active` are still the rows of this pass
+    proposal: Proposal
+    accepted: list[int]  # per active row: drafts the verifier accepted
+    advanced: int  # tokens every row advanced (lockstep m + 1)
+    target: Runner
+    draft: Runner
+
+
+@dataclass
+class Hooks:
+    """Public hooks into the loop, for tests and research tools."""
+
+    stop: DraftStop | None = None  # replaces the stop policy made from DecodeOptions.draft_stop
+    on_pass: Callable[[Pass], None] | None = None  # called after every speculative pass
+
+
+@dataclass
+class StepContext:
+    """What every step of one decode shares."""
+
+    pair: object
+    options: DecodeOptions
+    task: Task
+    stats: DecodeStats
+    clock: Clock
+    gen: torch.Generator
+
+    @property
+    def filters(self) -> list[LogitFilter]:
+        return self.task.filters
+
+    def first_pass(self, target: Runner, batch: Batch) -> int | None:
+        """On the window's first target pass: how many final rows to score so that row 0 is
+        the sot position (the prompt before it is not scored); None on later passes."""
+        return batch.length - self.task.sot_index if target.length == 0 else None
+
+
+def target_step(ctx: StepContext, batch: Batch, target: Runner) -> None:
+    """Target only: one token for every active row."""
+    L, device = batch.length, ctx.pair.device
+    first = ctx.first_pass(target, batch)
+    with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
+        logits = target(batch.tokens(target.length, L, device), first or 1)  # [B, k, V]
+        if first:
+            batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
+        rows = logits[:, -1].contiguous()  # [B, V]
+        apply_filters(ctx.filters, rows, batch.contexts())
+    tok = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
+    for r, t, lp in zip(batch.active, tok.tolist(), token_logprobs(rows, tok).tolist()):
+        batch.seqs[r].append(t)
+        batch.sum_logprob[r] += lp
+    target.rollback(L)  # the cache holds every token but the newest
+    ctx.stats.record_step(len(batch.active))
+
+
+class SpeculativeStep:
+    """propose → score → verify → commit, over one batch's target and draft runners."""
+
+    def __init__(self, ctx: StepContext, target: Runner, draft: Runner, stop: DraftStop) -> None:
+        self.ctx, self.target, self.draft, self.stop = ctx, target, draft, stop
+
+    def __call__(self, batch: Batch, gamma: int) -> Pass:
+        proposal = self.propose(batch, gamma)
+        logits = self.score(batch, proposal)
+        accepted, nxt = self.verify(logits, proposal)
+        advanced = self.commit(batch, proposal, logits, accepted, nxt)
+        return Pass(batch, proposal, accepted, advanced, self.target, self.draft)
+
+    def propose(self, batch: Batch, gamma: int) -> Proposal:
+        """Up to γ draft tokens per row; the stop policy may end the run early."""
+        ctx, draft, L = self.ctx, self.draft, batch.length
+        proposal = Proposal([[] for _ in batch.active])
+        with ctx.clock.phase("draft_s"):
+            for i in range(gamma):
+                feed = batch.tokens(draft.length, L + i, ctx.pair.device, proposal.tokens)
+                rows = draft(feed, 1)[:, -1].contiguous()  # [B, V]
+                apply_filters(ctx.filters, rows, batch.contexts(proposal.tokens))
+                picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
+                for j, t in enumerate(picked.tolist()):  # the host-side filters need the tokens
+                    proposal.tokens[j].append(t)
+                proposal.logits.append(rows)
+                if i + 1 < gamma and self.stop.stop(rows, picked):
+                    proposal.stopped = True
+                    break
+        return proposal
+
+    def score(self, batch: Batch, proposal: Proposal) -> Tensor:
+        """The target's filtered logits [B, γ+1, V]: row i was computed after d1 … di."""
+        ctx, target, gamma = self.ctx, self.target, proposal.gamma
+        B, L = len(batch.active), batch.length
+        first = ctx.first_pass(target, batch)
+        with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
+            feed = batch.tokens(target.length, L + gamma, ctx.pair.device, proposal.tokens)
+            logits = target(feed, (first + gamma) if first else gamma + 1)  # [B, k, V]
+            if first:
+                batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
+            logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]
+            contexts = [c[: L + i] for c in batch.contexts(proposal.tokens) for i in range(gamma + 1)]
+            apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
+        return logits
+
+    def verify(self, logits: Tensor, proposal: Proposal) -> tuple[list[int], list[int]]:
+        """(accepted count per row, the verifier's next token per row): one device read."""
+        ctx, opts = self.ctx, self.ctx.options
+        dev = logits.device
+        B, gamma, V = logits.shape[0], proposal.gamma, logits.shape[-1]
+        draft_tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=dev)  # [B, γ]
+        if opts.temperature > 0:
+            uniforms, noise = kernels.make_randomness(B, gamma, V, ctx.gen, dev)
+        else:  # unused at T = 0, where every mode is argmax matching
+            uniforms = torch.zeros((B, gamma), device=dev)
+            noise = torch.ones((B, V), device=dev)
+        with ctx.clock.phase("verify_s"):
+            n_acc, nxt = kernels.verify(
+                logits,
+                torch.stack(proposal.logits, dim=1),  # [B, γ, V]
+                draft_tokens,
+                uniforms,
+                noise,
+                temperature=opts.temperature,
+                mode=opts.mode,
+                sigmoid_scale=opts.sigmoid_scale,
+                backend=opts.backend,
+            )
+        accepted, nxt = torch.stack([n_acc, nxt]).tolist()  # the step's one device-to-host read
+        return accepted, nxt
+
+    def commit(
+        self, batch: Batch, proposal: Proposal, logits: Tensor, accepted: list[int], nxt: list[int]
+    ) -> int:
+        """Appends d1 … dm plus one token to every row (lockstep, m = min accepted), records
+        the pass and rolls both caches back to the new prefix; returns m + 1."""
+        ctx, eot = self.ctx, self.ctx.pair.tokenizer.eot
+        L, m = batch.length, min(accepted)
+        new = [d[:m] + [nxt[j] if accepted[j] == m else d[m]] for j, d in enumerate(proposal.tokens)]
+        emitted_ids = torch.tensor(new, dtype=torch.long, device=logits.device)  # [B, m+1]
+        lps = token_logprobs(logits[:, : m + 1], emitted_ids).tolist()  # [B][m+1]
+        emitted = []
+        for j, r in enumerate(batch.active):
+            toks = new[j][: new[j].index(eot) + 1] if eot in new[j] else new[j]
+            batch.seqs[r] += toks
+            batch.sum_logprob[r] += sum(lps[j][: len(toks)])
+            emitted.append(len(toks))
+        ctx.stats.record_pass(proposal.gamma, accepted, emitted, proposal.stopped)
+        self.target.rollback(L + m)
+        self.draft.rollback(min(self.draft.length, L + m))
+        return m + 1

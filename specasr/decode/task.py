@@ -1,0 +1,78 @@
+"""What one decode is asked to do: its start sequence, its logit filters, its token limit,
+and the language when none is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specasr.constants import N_TEXT_CTX
+from specasr.decode.filters import LogitFilter, build_filters
+from specasr.decode.runners import make_runner
+from specasr.options import DecodeOptions
+
+
+def start_sequence(
+    pair, options: DecodeOptions, language: str | None, prompt: list[int] | None
+) -> tuple[list[int], int]:
+    """Initial decoder tokens and the index of <|startoftranscript|> in them."""
+    tok = pair.tokenizer
+    seq = tok.sot_sequence(language, options.task, options.timestamps)
+    if not prompt:
+        return seq, 0
+    prev = [tok.sot_prev] + list(prompt)[-(N_TEXT_CTX // 2 - 1) :]
+    return prev + seq, len(prev)
+
+
+def task_filters(pair, options: DecodeOptions, sample_begin: int) -> list[LogitFilter]:
+    """Whisper's logit filters for decoding with `options` after `sample_begin` prompt tokens."""
+    return build_filters(
+        pair.tokenizer,
+        vocab_size=pair.vocab_size,
+        sample_begin=sample_begin,
+        suppress_tokens=pair.suppress_tokens if options.suppress_tokens else (),
+        begin_suppress_tokens=pair.begin_suppress_tokens,
+        suppress_blank=options.suppress_blank,
+        timestamps=options.timestamps,
+    )
+
+
+@dataclass(frozen=True)
+class Task:
+    """One decode's fixed inputs: every row starts from `init` and stops at eot or `limit`."""
+
+    init: list[int]  # prompt (if any) + start sequence
+    sot_index: int  # index of <|startoftranscript|> in init
+    limit: int  # total context length at which a row stops
+    filters: list[LogitFilter]
+    language: str | None
+
+    @property
+    def sample_begin(self) -> int:
+        return len(self.init)
+
+    @classmethod
+    def build(cls, pair, options: DecodeOptions, language: str | None, prompt: list[int] | None) -> Task:
+        init, sot_index = start_sequence(pair, options, language, prompt)
+        begin = len(init)
+        most = options.max_new_tokens
+        limit = N_TEXT_CTX if most is None else min(N_TEXT_CTX, begin + most)
+        if limit <= begin:
+            raise ValueError(f"the prompt leaves no room to decode ({begin} of {N_TEXT_CTX} positions)")
+        return cls(init, sot_index, limit, task_filters(pair, options, begin), language)
+
+
+@torch.inference_mode()
+def detect_language(pair, target_states: Tensor) -> list[str]:
+    """Most likely language per row, from the target's logits after <|startoftranscript|>."""
+    tok = pair.tokenizer
+    if not tok.multilingual:
+        return ["en"] * target_states.shape[0]
+    runner = make_runner(pair.target, target_states)
+    sot = torch.full((target_states.shape[0], 1), tok.sot, device=target_states.device)
+    logits = runner(sot, 1)[:, -1].float()  # [B, V]
+    codes, ids = zip(*tok.language_tokens.items())
+    best = logits[:, list(ids)].argmax(dim=-1).tolist()
+    return [codes[i] for i in best]

@@ -1,0 +1,96 @@
+"""The `sequential` strategy: Whisper's seek loop.
+
+Each 30 s window starting at `seek` is decoded with timestamp tokens. The window's tokens
+split into segments at each pair of consecutive timestamps `<|t1|><|t2|>`, and then:
+- a window that ends on a single timestamp (`… text <|t|>`) is complete: seek past it;
+- otherwise its last segment may be cut off: seek to the last complete timestamp and decode
+  the rest again in the next window;
+- a window without a closed pair is one segment covering it.
+
+Each window falls back through the temperature schedule while its output looks degenerate
+(gzip compression ratio > 2.4, a repetition loop; or average log-prob < -1). A window that is
+probably silence (P(<|nospeech|>) > 0.6 with a low log-prob) is skipped. The encoder runs
+once per window; every fallback step reuses its states (`windows.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import Tensor
+
+from specasr.constants import FRAMES_PER_SECOND, N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.decode.stats import DecodeStats
+from specasr.longform.windows import (
+    decode_with_fallback,
+    encode_windows,
+    initial_prompt_tokens,
+    is_silence,
+    split_window,
+    window_mel,
+)
+from specasr.options import TranscribeOptions
+from specasr.results import Segment, TranscriptionInfo
+
+
+def sequential(
+    pair,
+    mel: Tensor,
+    options: TranscribeOptions,
+    info: TranscriptionInfo,
+    first: tuple[Tensor, Tensor | None] | None = None,
+) -> Iterator[Segment]:
+    """mel: (n_mels, content frames + 3000) -> segments, window by window.
+
+    first: the first window's encoder states, when they were computed for language detection.
+    """
+    tok = pair.tokenizer
+    content = mel.shape[-1] - N_FRAMES
+    all_tokens = initial_prompt_tokens(tok, options)
+    prompt_since = 0  # all_tokens[prompt_since:] prompts the next window
+    seek, n_segments = 0, 0
+    while seek < content:
+        size = min(N_FRAMES, content - seek)
+        offset = seek / FRAMES_PER_SECOND
+        stats = DecodeStats()
+        states = (
+            first
+            if first is not None and seek == 0
+            else encode_windows(pair, window_mel(mel, seek, size), stats)
+        )
+        prompt = all_tokens[prompt_since:] or None
+        window = info.windows
+        result = decode_with_fallback(
+            pair, *states, options, info.language, prompt, options.decode.seed + window, stats
+        )[0]
+        info.stats = info.stats.merge(stats)
+        info.windows += 1
+        if is_silence(result, options):
+            seek += size
+            continue
+        pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
+        seek += advance
+        current = []
+        for start_ts, end_ts, tokens in pieces:
+            start = offset + start_ts * SECONDS_PER_TIMESTAMP
+            end = min(offset + end_ts * SECONDS_PER_TIMESTAMP, info.duration)
+            text = tok.decode(tokens)
+            if end <= start or not text.strip():
+                continue
+            current.append(
+                Segment.from_result(
+                    result,
+                    id=n_segments + len(current),
+                    start=start,
+                    end=end,
+                    text=text,
+                    tokens=tokens,
+                    window=window,
+                    stats=stats,
+                )
+            )
+        all_tokens += [t for s in current for t in s.tokens]
+        if not options.condition_on_previous_text or result.temperature > options.prompt_reset_temperature:
+            prompt_since = len(all_tokens)
+        n_segments += len(current)
+        yield from current

@@ -1,0 +1,105 @@
+"""Window decoding shared by both long-form strategies: prompts, the temperature fallback,
+the no-speech skip, windows of log-Mel frames, and cutting a window's tokens at timestamps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from specasr.constants import N_FRAMES
+from specasr.decode.loop import decode_states
+from specasr.decode.stats import DecodeStats, timed
+from specasr.features import pad_or_trim
+from specasr.options import TranscribeOptions
+from specasr.results import DecodeResult
+
+
+def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:
+    """Tokens of `initial_prompt` (with Whisper's leading space), or none."""
+    return tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+
+
+def needs_fallback(result: DecodeResult, options: TranscribeOptions) -> bool:
+    cr, lp, ns = options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold
+    bad = (cr is not None and result.compression_ratio > cr) or (lp is not None and result.avg_logprob < lp)
+    silence = ns is not None and result.no_speech_prob > ns and lp is not None and result.avg_logprob < lp
+    return bad and not silence
+
+
+def is_silence(result: DecodeResult, options: TranscribeOptions) -> bool:
+    """Whisper's no-speech skip: P(nospeech) above the threshold, unless the log-prob is good."""
+    ns, lp = options.no_speech_threshold, options.logprob_threshold
+    if ns is None or result.no_speech_prob <= ns:
+        return False
+    return lp is None or result.avg_logprob < lp
+
+
+def decode_with_fallback(
+    pair,
+    target_states: Tensor,
+    draft_states: Tensor | None,
+    options: TranscribeOptions,
+    language: str,
+    prompt: list[int] | None,
+    seed: int,
+    stats: DecodeStats,
+) -> list[DecodeResult]:
+    """Decodes B windows from their encoder states; rows whose result needs a fallback are
+    decoded again, together, at the next temperature. Each row keeps its last result.
+
+    target_states: (B, 1500, d_target); draft_states: (B, 1500, d_draft) or None.
+    """
+    results: list[DecodeResult | None] = [None] * target_states.shape[0]
+    todo = list(range(target_states.shape[0]))
+    for temperature in options.temperatures:
+        idx = torch.tensor(todo, device=target_states.device)
+        t_states = target_states if len(todo) == len(results) else target_states[idx]
+        d_states = draft_states
+        if draft_states is not None and len(todo) < len(results):
+            d_states = t_states if draft_states is target_states else draft_states[idx]
+        opts = replace(options.decode, temperature=temperature, language=language, seed=seed)
+        decoded = decode_states(pair, t_states, d_states, opts, prompt, stats)
+        for row, result in zip(todo, decoded):
+            results[row] = result
+        todo = [row for row, result in zip(todo, decoded) if needs_fallback(result, options)]
+        if not todo:
+            break
+    return results
+
+
+def window_mel(mel: Tensor, seek: int, size: int) -> Tensor:
+    """mel [n_mels, frames] -> one window [1, n_mels, 3000]: `size` frames from `seek`, then
+    zeros (Whisper pads the last window's features, not its samples)."""
+    return pad_or_trim(mel[:, seek : seek + size], N_FRAMES)[None]
+
+
+def encode_windows(pair, windows: Tensor, stats: DecodeStats) -> tuple[Tensor, Tensor | None]:
+    """windows [B, n_mels, 3000] -> (target states, draft states), timed into `stats`."""
+    with timed(stats, "encoder_s", pair.device):
+        return pair.encode(windows)
+
+
+def split_window(tokens: list[int], ts_begin: int, size: int) -> tuple[list[tuple[int, int, list[int]]], int]:
+    """A window's tokens -> ([(start, end, tokens)] in timestamp steps, frames to seek).
+
+    size: frames of audio in the window (3000 except for the last one).
+    """
+    is_ts = [t >= ts_begin for t in tokens]
+    single_ending = len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]
+    consecutive = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    if not consecutive:
+        stamps = [t - ts_begin for t in tokens if t >= ts_begin]
+        end = stamps[-1] if stamps and stamps[-1] > 0 else size // 2
+        return [(0, end, tokens)], size
+    pieces = []
+    last = 0
+    for cut in consecutive + ([len(tokens)] if single_ending else []):
+        piece = tokens[last:cut]
+        start = piece[0] - ts_begin if piece[0] >= ts_begin else 0
+        pieces.append((start, piece[-1] - ts_begin, piece))
+        last = cut
+    advance = size if single_ending else (tokens[last - 1] - ts_begin) * 2
+    return pieces, advance if advance > 0 else size

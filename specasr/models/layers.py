@@ -1,0 +1,112 @@
+"""Whisper's pre-norm decoder layer as plain torch, shared by the distilled draft and the
+target's CPU view (`specasr.cpu.lean.LeanDecoder`).
+
+The parameter names equal transformers' `WhisperDecoderLayer`, so a Hugging Face layer's
+state dict loads as it is. The self-attention cache is preallocated and indexed by
+position (`specasr.cpu.lean.LeanRunner`), so a rollback moves a length and recomputes
+nothing. On CPU a layer may run as one TorchScript function (`specasr.cpu.scripted`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class _Attention(nn.Module):
+    """Whisper attention projections (names match transformers' WhisperAttention)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm Whisper decoder layer; state_dict keys equal transformers' WhisperDecoderLayer."""
+
+    # a scripted form of `forward` (`layer_steps`), its weight arguments, the most rows (B·T)
+    # it takes and the norms' eps; set by `use_script`. None (the default) = eager only
+    _step = None
+    _step_args: tuple = ()
+    _step_rows: float = 0
+    _step_eps = 1e-5
+
+    def __init__(self, d: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.self_attn, self.encoder_attn = _Attention(d), _Attention(d)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+
+    def use_script(self, step, args: tuple, max_rows: float) -> None:
+        """Run cached passes of up to `max_rows` rows (B·T) through `step`, a scripted
+        `layer_steps` function, with this layer's weight arguments `args`."""
+        self._step, self._step_args, self._step_rows = step, args, max_rows
+        self._step_eps = self.self_attn_layer_norm.eps
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
+        return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def cross_kv(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
+        step, and a strided K/V would be copied by every call."""
+        a = self.encoder_attn
+        return self._split(a.k_proj(states)).contiguous(), self._split(a.v_proj(states)).contiguous()
+
+    def forward(
+        self,
+        x: Tensor,  # [B, T, d] at positions start … start+T-1
+        cross_k: Tensor,  # [B, H, S, dh]
+        cross_v: Tensor,
+        mask: Tensor | None,  # [T, start+T] bool (True = attend), or None when T == 1
+        cache: tuple[Tensor, Tensor] | None = None,  # preallocated self-attention K, V [B, H, 448, dh]
+        start: int = 0,
+    ) -> Tensor:
+        """One layer. With a cache, this block's keys and values are written at positions
+        start … start+T-1 and attention reads positions 0 … start+T-1; without one (teacher
+        forcing from position 0) it attends over the block itself."""
+        T, scale = x.shape[1], self.dh**-0.5
+        if cache is not None and self._step is not None and x.shape[0] * T <= self._step_rows:
+            args = (*self._step_args, *cache, cross_k, cross_v, mask, start, self.heads, self._step_eps)
+            return self._step(x, *args)
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
+        if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three
+            q, k, v = (self._split(t) for t in a.qkv_proj(h).chunk(3, dim=-1))
+            q = q * scale
+        else:
+            q = self._split(a.q_proj(h) * scale)
+            k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
+        if cache is not None:
+            K, V = cache
+            K[:, :, start : start + T] = k
+            V[:, :, start : start + T] = v
+            k, v = K[:, :, : start + T], V[:, :, : start + T]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
+        c = self.encoder_attn
+        q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
+        y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
+        x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+def fuse_qkv(attn: nn.Module, make) -> None:
+    """Replaces attn's q_proj, k_proj and v_proj by qkv_proj = make(nn.Linear d -> 3d) over
+    [W_q; W_k; W_v] (k has no bias): three self-attention products as one. On CPU a 1-row
+    product costs mostly its call: fbgemm's int8 linear takes about 60 µs for 512 × 512 and
+    70 µs for 1536 × 512. Each output row is the same dot product as before (int8: the same
+    per-row scales, and one activation quantisation instead of three of the same input)."""
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    fused = nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+        fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))
+    attn.qkv_proj = make(fused)
+    del attn.q_proj, attn.k_proj, attn.v_proj

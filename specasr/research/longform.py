@@ -1,0 +1,148 @@
+"""Long-form real-time factor: autoregressive, speculative and chunked decoding side by side.
+
+    python -m specasr.research.longform --model tiny.en --draft self:2 --repeats 3 [--faster-whisper]
+
+Every configuration transcribes the same long recording (`long_recording`: the LibriVox
+test clips twice over, separated by silence), interleaved and repeated, so machine noise hits
+all alike. Wall time covers log-Mel, encoder and decoder; the table reports medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+import click
+import numpy as np
+import soundfile as sf
+
+from specasr.eval.metric import wer
+from specasr.options import TranscribeOptions
+
+SAMPLE_RATE = 16000
+LEAD_IN = 0.5  # seconds of silence before the first clip
+GAPS = (2.0, 2.5, 3.0)  # silences between clips, in turn
+
+
+class LongRecording(NamedTuple):
+    samples: np.ndarray  # float32 [n] at 16 kHz
+    clips: list[tuple[float, float]]  # (start, end) seconds of each clip in the recording
+    texts: list[str]  # reference transcript per clip
+
+
+def long_recording(data_dir: str | Path, repeats: int = 2) -> LongRecording:
+    """The clips listed in `data_dir`/transcripts.txt, `repeats` times over, with silences."""
+    data_dir = Path(data_dir)
+    rows = [line.split(maxsplit=1) for line in (data_dir / "transcripts.txt").read_text().splitlines()]
+    rows = [r for r in rows if r]
+    parts, clips, texts = [np.zeros(int(LEAD_IN * SAMPLE_RATE), np.float32)], [], []
+    t = LEAD_IN
+    for rep in range(repeats):
+        for i, (clip_id, text) in enumerate(rows):
+            x, sr = sf.read(data_dir / f"{clip_id}.wav", dtype="float32")
+            if sr != SAMPLE_RATE or x.ndim != 1:
+                raise ValueError(f"{clip_id}.wav: expected 16 kHz mono")
+            gap = GAPS[(i + rep) % len(GAPS)]
+            clips.append((t, t + len(x) / SAMPLE_RATE))
+            texts.append(text)
+            parts += [x, np.zeros(int(gap * SAMPLE_RATE), np.float32)]
+            t += len(x) / SAMPLE_RATE + gap
+    return LongRecording(np.concatenate(parts), clips, texts)
+
+
+def _ours(pair, options: TranscribeOptions):
+    from specasr.transcription import transcribe
+
+    def run(audio: np.ndarray):
+        segments, info = transcribe(audio, pair, options, source_rate=SAMPLE_RATE)
+        segments = list(segments)
+        return " ".join(s.text for s in segments), [s.tokens for s in segments], info.stats
+
+    return run
+
+
+def _faster_whisper(ct2_dir: Path, threads: int):
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32", cpu_threads=threads)
+
+    def run(audio: np.ndarray):
+        segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language="en")
+        return " ".join(s.text for s in segments), None, None
+
+    return run
+
+
+@click.command()
+@click.option("--model", default="tiny.en", show_default=True)
+@click.option("--draft", default="self:2", show_default=True)
+@click.option("--mode", default="exact", show_default=True, help="Speculative verifier mode.")
+@click.option("--batch-size", type=int, default=8, show_default=True, help="Windows per chunked batch.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
+)
+@click.option(
+    "--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper on the packaged CT2 files."
+)
+@click.option("--device", default="cpu", show_default=True)
+def main(model, draft, mode, batch_size, repeats, data, with_fw, device) -> None:
+    import torch
+
+    from specasr.models.loading import load_pair, offline_files
+
+    rec = long_recording(data)
+    duration = len(rec.samples) / SAMPLE_RATE
+    pair = load_pair(model, draft, device=device)
+    base = TranscribeOptions()
+    ar = replace(base, decode=replace(base.decode, mode="autoregressive"))
+    spec = replace(base, decode=replace(base.decode, mode=mode))
+    configs = {
+        "sequential, autoregressive": _ours(pair, ar),
+        f"sequential, speculative ({mode}, {draft})": _ours(pair, spec),
+        f"chunked B={batch_size}, autoregressive": _ours(
+            pair, replace(ar, strategy="chunked", batch_size=batch_size)
+        ),
+        f"chunked B={batch_size}, speculative ({mode}, {draft})": _ours(
+            pair, replace(spec, strategy="chunked", batch_size=batch_size)
+        ),
+    }
+    if with_fw:
+        ct2_dir = Path(offline_files(model).tokenizer).parent
+        configs["faster-whisper (CTranslate2 fp32, greedy)"] = _faster_whisper(
+            ct2_dir, torch.get_num_threads()
+        )
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    outputs = {}
+    for name, run in configs.items():  # warm-up, and the transcripts
+        outputs[name] = run(rec.samples)
+    for _ in range(repeats):
+        for name, run in configs.items():
+            t0 = time.perf_counter()
+            run(rec.samples)
+            times[name].append(time.perf_counter() - t0)
+    names = list(configs)
+    ref = statistics.median(times[names[0]])
+    same = outputs[names[1]][1] == outputs[names[0]][1]
+    click.echo(
+        f"{model} (draft {draft}) on {duration:.1f} s of audio, device {pair.device}, "
+        f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "
+        f"autoregressive at T=0: {'yes' if same else 'NO'}\n"
+    )
+    click.echo("| configuration | wall s (median) | real-time factor | speed vs sequential AR | α̂ | WER |")
+    click.echo("|---|---|---|---|---|---|")
+    for name in names:
+        med = statistics.median(times[name])
+        text, _, stats = outputs[name]
+        alpha = f"{stats.acceptance_rate:.3f}" if stats is not None and stats.proposed else "–"
+        score = wer([" ".join(rec.texts)], [text])
+        click.echo(
+            f"| {name} | {med:.2f} | {med / duration:.3f} | {ref / med:.2f}× | {alpha} | {score:.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

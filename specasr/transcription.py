@@ -1,0 +1,90 @@
+"""From audio to text.
+
+`transcribe` handles audio of any length and streams `Segment`s; `transcribe_clip` decodes
+one clip of up to 30 s into a single `DecodeResult`.
+
+Strategies (TranscribeOptions.strategy):
+- `sequential` (longform/sequential.py): Whisper's seek loop, one window at a time, each window
+  prompted with the text before it;
+- `chunked` (longform/chunked.py): overlapping windows decoded as batches without a running prompt,
+  merged on the tokens they share at the overlaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from specasr.audio import AudioSource, load_audio
+from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
+from specasr.decode.loop import decode
+from specasr.decode.task import detect_language
+from specasr.features import log_mel, log_mel_window
+from specasr.longform.chunked import chunked
+from specasr.longform.sequential import sequential
+from specasr.longform.timing import trim_trailing_silence
+from specasr.longform.windows import encode_windows, window_mel
+from specasr.options import DecodeOptions, TranscribeOptions
+from specasr.results import DecodeResult, Segment, TranscriptionInfo
+
+__all__ = ["AudioTooLongError", "Segment", "TranscriptionInfo", "transcribe", "transcribe_clip"]
+
+
+class AudioTooLongError(ValueError):
+    pass
+
+
+def transcribe(
+    audio: AudioSource,
+    pair,
+    options: TranscribeOptions = TranscribeOptions(),  # noqa: B008 (frozen, immutable)
+    *,
+    source_rate: int | None = None,
+) -> tuple[Iterator[Segment], TranscriptionInfo]:
+    """audio: a path, bytes, or a float array (with `source_rate`) of any length.
+
+    Returns a lazy iterator of segments (windows are decoded as it is consumed) and the
+    info, whose `stats` and `windows` fill in as the iterator runs. The audio is loaded, and
+    with no language given for a multilingual model the first window is encoded and its
+    language detected, before this returns.
+    """
+    tok = pair.tokenizer
+    dec = options.decode
+    if dec.speculative and pair.draft is None:
+        raise ValueError(f"mode {dec.mode!r} needs a draft model; load one or use mode 'autoregressive'")
+    if dec.task == "translate" and not tok.multilingual:
+        raise ValueError(f"{pair.target_name} is English-only and cannot translate")
+    if tok.multilingual and dec.language is not None and dec.language not in tok.language_tokens:
+        raise ValueError(f"unknown language {dec.language!r}; known: {sorted(tok.language_tokens)}")
+    samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
+    mel = log_mel(samples, pair.n_mels, padding=N_SAMPLES)[0]  # [n_mels, content frames + 3000]
+    info = TranscriptionInfo(
+        language=dec.language if tok.multilingual else "en",
+        language_detected=False,
+        duration=len(samples) / SAMPLE_RATE,
+        options=options,
+        model=pair.target_name,
+        draft=pair.draft_name if dec.speculative else None,
+    )
+    first = None
+    if info.language is None:
+        content = mel.shape[-1] - N_FRAMES
+        first = encode_windows(pair, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
+        info.language = detect_language(pair, first[0])[0]
+        info.language_detected = True
+    strategy = sequential if options.strategy == "sequential" else chunked
+    segments = strategy(pair, mel, options, info, first)
+    if options.trim_silence:
+        segments = trim_trailing_silence(segments, mel)
+    return segments, info
+
+
+def transcribe_clip(pair, audio, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:
+    """audio: a path, bytes, or a float array (with `source_rate`) of at most 30 s."""
+    samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
+    if len(samples) > N_SAMPLES:
+        raise AudioTooLongError(
+            f"audio is {len(samples) / SAMPLE_RATE:.1f} s; transcribe_clip takes up to 30 s "
+            "(use transcribe for long-form audio)"
+        )
+    mel = log_mel_window(samples, n_mels=pair.n_mels, device=pair.device)  # [1, n_mels, 3000]
+    return decode(pair, mel, options)[0]

@@ -66,6 +66,7 @@ class Controls:
         decode = replace(
             _DECODE,
             mode=self.mode,
+            temperature=float(self.temperature),  # the start of the fallback schedule below
             gamma=gamma,
             gamma_policy=self.gamma_policy,
             gamma_max=max(_DECODE.gamma_max, gamma),

@@ -17,8 +17,8 @@ import torch
 from specasr.constants import BACKENDS
 from specasr.constants import VERIFY_MODES as MODES
 
-from . import exact, sigmoid
-from ._common import HAS_TRITON, check_inputs
+from . import exact_torch, exact_triton, sigmoid
+from ._common import HAS_TRITON, check_inputs, first_argmax
 from .reference import baseline, greedy, make_randomness
 from .sigmoid import DEFAULT_SCALE
 
@@ -46,7 +46,8 @@ def verify(
     """Accept a prefix of the drafts and draw one more token: (n_accepted [B], next_token [B]).
 
     Both int64 on the inputs' device. The maths and its edge cases are in `reference`;
-    sigmoid's formula is in `sigmoid`; the kernels' design and bytes moved are in `exact`.
+    sigmoid's formula is in `sigmoid`; the exact design is in `exact_torch`, the kernels and
+    their bytes moved in `exact_triton`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -63,9 +64,9 @@ def verify(
     if _use_triton(backend, target_logits.device):
         if mode == "sigmoid":
             return sigmoid.sigmoid_triton(*args, temperature=temperature, sigmoid_scale=sigmoid_scale)
-        return exact.launch(*args, temperature=temperature)
+        return exact_triton.launch(*args, temperature=temperature)
     if temperature == 0:
-        return greedy(target_logits, draft_tokens)
+        return greedy(target_logits, draft_tokens, argmax=first_argmax)
     if mode == "sigmoid":
         return sigmoid.sigmoid_torch(*args, temperature=temperature, sigmoid_scale=sigmoid_scale)
-    return exact.exact_torch(*args, temperature=temperature)
+    return exact_torch.exact_torch(*args, temperature=temperature)

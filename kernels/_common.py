@@ -87,9 +87,11 @@ def arrival_counters(device: torch.device, B: int) -> torch.Tensor:
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """argmax over the last dimension, first maximal index on ties: [..., V] -> [...] int64.
 
-    On CPU, numpy's argmax is several times faster than torch's (about 8 µs against 97 µs for
-    one 51865-wide fp32 row on the dev box) and has the same semantics: first maximal index,
-    NaN counts as maximal. bf16 has no numpy dtype, and other devices keep torch's.
+    On CPU it runs numpy's argmax over the tensor's memory (a view, no copy), which is several
+    times cheaper than torch.argmax over a Whisper-sized row and has the same semantics: first
+    maximal index, NaN counts as maximal. The CPU verifier's draw and its greedy matching run
+    an argmax on every call, so this shows in the per-step time; docs/benchmarks.md ("CPU") has
+    the numbers. bf16 has no numpy dtype, and other devices keep torch's.
     """
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float16) or x.requires_grad:
         return torch.argmax(x, dim=-1)

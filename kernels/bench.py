@@ -19,7 +19,7 @@ import time
 import torch
 
 from . import make_randomness, verify
-from .sigmoid import DEFAULT_SCALE, acceptance_study
+from .sigmoid import DEFAULT_SCALE, sigmoid_prob
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -112,6 +112,46 @@ def _format_row(r: dict) -> str:
         f"| {hf} | {r['baseline'] / r['exact']:.2f}× | {r['baseline'] / r['sigmoid']:.2f}× "
         f"| {r['exact'] / r['sigmoid']:.2f} |"
     )
+
+
+def acceptance_study(
+    target_logits: torch.Tensor,  # [N, V] target logit rows
+    draft_logits: torch.Tensor,  # [N, V] draft logit rows at the same positions
+    *,
+    temperature: float = 1.0,
+    sigmoid_scale: tuple[float, float] = DEFAULT_SCALE,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """What p̂/q̂ does compared with p/q on paired logit rows (one drafted token per row).
+
+    Drafts d ~ q are sampled per row. Returns the mean acceptance probability of one draft,
+    E_d[min(1, p(d)/q(d))] for exact and the same with p̂/q̂ for sigmoid, the spread of the
+    scaled argument and of p̂, and the total-variation distance between p and the
+    distribution that sigmoid sampling draws its bonus token from, p̂ / Σp̂.
+    """
+    alpha, beta = sigmoid_scale
+    z_t = target_logits.float() / temperature
+    z_s = draft_logits.float() / temperature
+    p, q = torch.softmax(z_t, -1), torch.softmax(z_s, -1)
+    p_hat, q_hat = sigmoid_prob(z_t, alpha, beta), sigmoid_prob(z_s, alpha, beta)
+    d = torch.multinomial(q, 1, generator=generator)  # [N, 1] drafts from q
+    accept_exact = (p.gather(1, d) / q.gather(1, d)).clamp(max=1)
+    accept_sigmoid = (p_hat.gather(1, d) / q_hat.gather(1, d)).clamp(max=1)
+    finite = torch.isfinite(z_t)
+    u = (z_t.clamp(alpha, beta) - alpha) / (beta - alpha)
+    bonus = p_hat / p_hat.sum(-1, keepdim=True)
+    return {
+        "accept_exact": accept_exact.mean().item(),
+        "accept_sigmoid": accept_sigmoid.mean().item(),
+        "u_min": u[finite].min().item(),
+        "u_max": u[finite].max().item(),
+        "p_hat_min": p_hat[finite].min().item(),
+        "p_hat_max": p_hat[finite].max().item(),
+        "p_top1_mean": p.max(-1).values.mean().item(),
+        "bonus_top1_mean": bonus.max(-1).values.mean().item(),
+        "bonus_tv_to_p": 0.5 * (bonus - p).abs().sum(-1).mean().item(),
+        "bonus_argmax_agrees": (bonus.argmax(-1) == p.argmax(-1)).float().mean().item(),
+    }
 
 
 def sigmoid_study(

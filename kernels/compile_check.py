@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import exact
+from . import exact_triton
 from ._common import next_pow2
 
 ARCHS = (80, 90)
@@ -23,7 +23,7 @@ V = 51865  # Whisper's multilingual vocabulary
 
 def _variants(dtypes=DTYPES, gammas=(5, 20)):
     """(label, kernel, signature, constexprs) for the kernel specialisations the wrapper launches."""
-    n_lse, n_res = -(-V // exact.BLOCK_LSE), -(-V // exact.BLOCK_RES)
+    n_lse, n_res = -(-V // exact_triton.BLOCK_LSE), -(-V // exact_triton.BLOCK_RES)
     i32 = "i32"
     for dt in dtypes:
         logits = f"*{dt}"
@@ -31,17 +31,17 @@ def _variants(dtypes=DTYPES, gammas=(5, 20)):
             rows = next_pow2(gamma + 1)
             yield (
                 f"greedy {dt} γ≤{rows - 1}",
-                exact._greedy_kernel,
+                exact_triton._greedy_kernel,
                 {"target_ptr": logits, "tokens_ptr": "*i64", "part_ptr": "*fp32", "counter_ptr": "*i32",
                  "n_out_ptr": "*i64", "next_out_ptr": "*i64", "V": i32, "G": i32, "N_TILES": i32,
                  "stride_tb": i32, "stride_tr": i32, "stride_kb": i32,
                  "BLOCK_V": "constexpr", "ROWS": "constexpr", "TILES": "constexpr"},
-                {"BLOCK_V": exact.BLOCK_LSE, "ROWS": rows, "TILES": next_pow2(n_lse)},
+                {"BLOCK_V": exact_triton.BLOCK_LSE, "ROWS": rows, "TILES": next_pow2(n_lse)},
             )  # fmt: skip
             for sigmoid in (False, True):
                 yield (
                     f"{'sigmoid' if sigmoid else 'residual'} {dt} γ≤{rows - 1}",
-                    exact._residual_kernel,
+                    exact_triton._residual_kernel,
                     {"target_ptr": logits, "draft_ptr": logits, "tokens_ptr": "*i64", "uniforms_ptr": "*fp32",
                      "noise_ptr": "*fp32", "lse_ptr": "*fp32", "race_ptr": "*fp32", "counter_ptr": "*i32",
                      "n_out_ptr": "*i64", "next_out_ptr": "*i64",
@@ -51,16 +51,16 @@ def _variants(dtypes=DTYPES, gammas=(5, 20)):
                                          "stride_ub", "stride_nb", "stride_nr")},
                      **{c: "constexpr" for c in ("BLOCK_V", "ROWS", "LSE_TILES", "TILES", "N_RACE",
                                                  "SIGMOID")}},
-                    {"BLOCK_V": exact.BLOCK_RES, "ROWS": rows, "LSE_TILES": next_pow2(n_lse),
-                     "TILES": next_pow2(n_res), "N_RACE": exact.N_RACE, "SIGMOID": sigmoid},
+                    {"BLOCK_V": exact_triton.BLOCK_RES, "ROWS": rows, "LSE_TILES": next_pow2(n_lse),
+                     "TILES": next_pow2(n_res), "N_RACE": exact_triton.N_RACE, "SIGMOID": sigmoid},
                 )  # fmt: skip
         yield (
             f"lse {dt}",
-            exact._lse_kernel,
+            exact_triton._lse_kernel,
             {"target_ptr": logits, "draft_ptr": logits, "lse_ptr": "*fp32", "temperature": "fp32",
              "V": i32, "G": i32, "N_TILES": i32,
              "stride_tb": i32, "stride_tr": i32, "stride_db": i32, "stride_dr": i32, "BLOCK_V": "constexpr"},
-            {"BLOCK_V": exact.BLOCK_LSE},
+            {"BLOCK_V": exact_triton.BLOCK_LSE},
         )  # fmt: skip
 
 
@@ -106,7 +106,7 @@ def compile_all(archs=ARCHS, dtypes=DTYPES, gammas=(5, 20), load: bool = False) 
             compiled = triton.compile(
                 ASTSource(fn, signature, constexprs=constexprs),
                 target=GPUTarget("cuda", cc, 32),
-                options={"num_warps": exact.NUM_WARPS},
+                options={"num_warps": exact_triton.NUM_WARPS},
             )
             rows.append({
                 "kernel": label, "arch": f"sm_{cc}", "num_warps": compiled.metadata.num_warps,

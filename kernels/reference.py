@@ -18,6 +18,8 @@ Conventions shared by all modes and backends:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -59,14 +61,25 @@ def sample_residual(p_n: torch.Tensor, q_n: torch.Tensor, noise_n: torch.Tensor)
     return torch.addcmul(w, p_n, fallback).div_(noise_n).argmax(dim=-1)
 
 
-def greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _torch_argmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(x, dim=-1)
+
+
+def greedy(
+    target_logits: torch.Tensor,  # [B, G+1, V]
+    draft_tokens: torch.Tensor,  # [B, G] int64
+    *,
+    argmax: Callable[[torch.Tensor], torch.Tensor] = _torch_argmax,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature 0 in every mode: accept the drafts that equal the target argmax.
 
-    target_logits: [B, G+1, V]; draft_tokens: [B, G]. torch.argmax returns the first maximal
-    index, and so do the Triton kernels: ties go to the lowest token id.
+    torch.argmax returns the first maximal index, and so do the Triton kernels: ties go to
+    the lowest token id. `argmax` ([..., V] -> [...] int64 over the last dimension) must keep
+    that rule; the fused CPU paths pass `_common.first_argmax`, numpy's argmax (cheaper on CPU,
+    docs/benchmarks.md), and get the same (n, next_token) bit for bit.
     """
     G = draft_tokens.shape[1]
-    best = torch.argmax(target_logits, dim=-1)  # [B, G+1]
+    best = argmax(target_logits)  # [B, G+1]
     n = (draft_tokens == best[:, :G]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
     return n, best.gather(1, n[:, None]).squeeze(1)
 

@@ -15,18 +15,18 @@ tokens can never be emitted. At T = 0 the mode is argmax matching, like every mo
 It is lossy by construction. The scaled argument (z − α)/(β − α) lies in [0.49, 0.515] for
 Whisper's logit range (about −20..+30), so p̂ ≈ q̂ ≈ 0.62 for every token: the ratio test
 accepts almost everything and the bonus/residual draws are nearly uniform over the vocabulary
-(see docs/kernels.md and `acceptance_study`).
+(see docs/kernels.md and `bench.acceptance_study`).
 
-Triton: `exact._residual_kernel` specialised with SIGMOID=True, one launch per call (no
+Triton: `exact_triton._residual_kernel` specialised with SIGMOID=True, one launch per call (no
 log-sum-exp pass is needed): it gathers p̂, q̂ at the drafted tokens, finds n, and races over
-row n with the same last-block reduction as `exact`.
+row n with the same last-block reduction as the exact kernels.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import exact
+from . import exact_triton
 from .reference import accepted_count, greedy, noise_at, sample_residual
 
 DEFAULT_SCALE = (-1e3, 1e3)
@@ -76,47 +76,7 @@ def sigmoid_triton(
     sigmoid_scale: tuple[float, float] = DEFAULT_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sigmoid Triton kernel (one launch); same arguments and results as `sigmoid_torch`."""
-    return exact.launch(
+    return exact_triton.launch(
         target_logits, draft_logits, draft_tokens, uniforms, noise,
         temperature=temperature, sigmoid_scale=tuple(map(float, sigmoid_scale)),
     )  # fmt: skip
-
-
-def acceptance_study(
-    target_logits: torch.Tensor,  # [N, V] target logit rows
-    draft_logits: torch.Tensor,  # [N, V] draft logit rows at the same positions
-    *,
-    temperature: float = 1.0,
-    sigmoid_scale: tuple[float, float] = DEFAULT_SCALE,
-    generator: torch.Generator | None = None,
-) -> dict[str, float]:
-    """What p̂/q̂ does compared with p/q on paired logit rows (one drafted token per row).
-
-    Drafts d ~ q are sampled per row. Returns the mean acceptance probability of one draft,
-    E_d[min(1, p(d)/q(d))] for exact and the same with p̂/q̂ for sigmoid, the spread of the
-    scaled argument and of p̂, and the total-variation distance between p and the
-    distribution that sigmoid sampling draws its bonus token from, p̂ / Σp̂.
-    """
-    alpha, beta = sigmoid_scale
-    z_t = target_logits.float() / temperature
-    z_s = draft_logits.float() / temperature
-    p, q = torch.softmax(z_t, -1), torch.softmax(z_s, -1)
-    p_hat, q_hat = sigmoid_prob(z_t, alpha, beta), sigmoid_prob(z_s, alpha, beta)
-    d = torch.multinomial(q, 1, generator=generator)  # [N, 1] drafts from q
-    accept_exact = (p.gather(1, d) / q.gather(1, d)).clamp(max=1)
-    accept_sigmoid = (p_hat.gather(1, d) / q_hat.gather(1, d)).clamp(max=1)
-    finite = torch.isfinite(z_t)
-    u = (z_t.clamp(alpha, beta) - alpha) / (beta - alpha)
-    bonus = p_hat / p_hat.sum(-1, keepdim=True)
-    return {
-        "accept_exact": accept_exact.mean().item(),
-        "accept_sigmoid": accept_sigmoid.mean().item(),
-        "u_min": u[finite].min().item(),
-        "u_max": u[finite].max().item(),
-        "p_hat_min": p_hat[finite].min().item(),
-        "p_hat_max": p_hat[finite].max().item(),
-        "p_top1_mean": p.max(-1).values.mean().item(),
-        "bonus_top1_mean": bonus.max(-1).values.mean().item(),
-        "bonus_tv_to_p": 0.5 * (bonus - p).abs().sum(-1).mean().item(),
-        "bonus_argmax_agrees": (bonus.argmax(-1) == p.argmax(-1)).float().mean().item(),
-    }

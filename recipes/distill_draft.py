@@ -223,8 +223,7 @@ def teacher(pair, records: list[dict], vocab_ids: torch.Tensor, opts: DistillOpt
             [q[:-1] + [tok.eot] * (T - len(q) + 1) for q in seqs], device=pair.device
         )  # [b, T]
         st = rec["states"].to(device=pair.device, dtype=pair.dtype)
-        hidden = pair.target.model.decoder(input_ids=ids, encoder_hidden_states=st, use_cache=False)
-        hidden = hidden.last_hidden_state  # [b, T, d]; right padding does not reach earlier positions
+        hidden = pair.target.model.decoder(ids, st)  # [b, T, d]; right padding never reaches back
         for j, (seq, begin) in enumerate(zip(seqs, begins)):
             logits = pair.target.proj_out(hidden[j, begin - 1 : len(seq) - 1]).float()  # [n, V]
             filters = task_filters(pair, DecodeOptions(mode="autoregressive", timestamps=ts), begin)

@@ -72,10 +72,14 @@ def fallback_schedule(temperature: float) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class TranscribeOptions:
-    # per-window decoding; its temperature is replaced by each step of `temperatures`
+    # per-window decoding. Three of its fields are set per window, not used as given:
+    # temperature runs through `temperatures` (so it must equal temperatures[0], the start);
+    # language is the given one, or the one detected on the first window when None;
+    # seed is a base: window k (sequential) or the batch starting at window k (chunked) draws
+    # with seed + k, so every window samples from its own stream.
     decode: DecodeOptions = DecodeOptions(timestamps=True, max_new_tokens=224)
     strategy: str = "sequential"  # sequential (Whisper's seek loop) | chunked (overlapping windows, batched)
-    temperatures: tuple[float, ...] = FALLBACK_TEMPERATURES  # fallback schedule, tried in order
+    temperatures: tuple[float, ...] = FALLBACK_TEMPERATURES  # fallback schedule, from decode.temperature
     compression_ratio_threshold: float | None = 2.4  # fall back when gzip ratio of the text is above
     logprob_threshold: float | None = -1.0  # fall back when the average log-prob is below
     no_speech_threshold: float | None = 0.6  # skip a window with P(nospeech) above and low log-prob
@@ -92,6 +96,13 @@ class TranscribeOptions:
         temps = self.temperatures
         if not temps or any(t < 0 for t in temps) or list(temps) != sorted(temps):
             raise ValueError(f"temperatures must be a non-empty ascending tuple of values >= 0, got {temps}")
+        if self.decode.temperature != temps[0]:
+            raise ValueError(
+                f"decode.temperature {self.decode.temperature:g} conflicts with the fallback schedule "
+                f"{temps}: long-form decoding starts at temperatures[0] = {temps[0]:g}; pass "
+                f"temperatures=fallback_schedule({self.decode.temperature:g}) (or a schedule starting "
+                f"there), or set decode.temperature to {temps[0]:g}"
+            )
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.chunk_overlap <= 20:
@@ -102,5 +113,7 @@ class TranscribeOptions:
             raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")
 
     def with_decode(self, **changes) -> TranscribeOptions:
-        """These options with `decode` fields replaced: o.with_decode(mode="autoregressive")."""
+        """These options with `decode` fields replaced: o.with_decode(mode="autoregressive").
+
+        A new temperature needs a schedule starting there: replace `temperatures` as well."""
         return replace(self, decode=replace(self.decode, **changes))

@@ -28,6 +28,8 @@ class DecodeResult:
     temperature: float
     language: str | None
     stats: DecodeStats = field(repr=False)  # shared by every row of one batch
+    # per token of `tokens`: "draft" (accepted), "corrected", "bonus" or "target" (decode.step)
+    token_kinds: list[str] = field(default_factory=list, repr=False)
 
     @property
     def compression_ratio(self) -> float:
@@ -56,6 +58,8 @@ class Segment:
     temperature: float  # the fallback temperature that produced it
     window: int  # index of its window (chunked: of its batch); segments of one window share `stats`
     stats: DecodeStats = field(repr=False)  # speculative statistics of its window, fallbacks included
+    # per token of `tokens`, where it came from (DecodeResult.token_kinds); empty when unknown (chunked)
+    token_kinds: list[str] = field(default_factory=list, repr=False)
 
     @classmethod
     def from_result(
@@ -69,6 +73,7 @@ class Segment:
         text: str,
         window: int,
         stats: DecodeStats,
+        token_kinds: list[str] | None = None,
     ) -> Segment:
         """A segment cut from a window's decode: the window-level scores come from `result`."""
         return cls(
@@ -83,6 +88,7 @@ class Segment:
             temperature=result.temperature,
             window=window,
             stats=stats,
+            token_kinds=token_kinds or [],
         )
 
     def to_dict(self) -> dict:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from specasr.constants import SECONDS_PER_TIMESTAMP
+
 # Whisper's language codes in token order (<|en|> first); the model's tokenizer decides
 # how many of them exist (99 for v1/v2 models, 100 for large-v3).
 LANGUAGES = (
@@ -81,7 +83,7 @@ class Tokenizer:
 
     @cached_property
     def timestamp_begin(self) -> int:
-        """Id of <|0.00|>; timestamps step by 0.02 s from here to the end of the vocab."""
+        """Id of <|0.00|>; timestamps step by SECONDS_PER_TIMESTAMP from here to the end of the vocab."""
         return self.no_timestamps + 1
 
     @cached_property
@@ -131,7 +133,7 @@ class Tokenizer:
             if t >= self.timestamp_begin:
                 parts.append(self.hf.decode(run) if run else "")
                 run = []
-                parts.append(f"<|{(t - self.timestamp_begin) * 0.02:.2f}|>")
+                parts.append(f"<|{(t - self.timestamp_begin) * SECONDS_PER_TIMESTAMP:.2f}|>")
             elif t < self.eot:
                 run.append(t)
         if run:

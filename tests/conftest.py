@@ -15,6 +15,41 @@ DATA = Path(__file__).parent / "data"
 collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["test_kernels_interpreted.py"]
 
 
+# Test tiers: `pytest -m "not slow"` runs what needs no real weights (tiny random models,
+# kernels on CPU, filters, writers, options) in under two minutes. A test is `slow` when it
+# loads packaged weights: through one of these fixtures (directly or through another
+# fixture), or, marked by hand, in its body or through the CLI (`--model tiny.en`); when it
+# runs external tools (espeak-ng, Chromium, the Triton interpreter); or when it is listed in
+# SLOW_WITHOUT_WEIGHTS below.
+REAL_WEIGHT_FIXTURES = frozenset(
+    {
+        "base_pair",  # conftest: the packaged `base`
+        "tiny_en_pair",  # conftest: the packaged `tiny.en`
+        "all_modes",  # test_eval: `specasr eval --model tiny.en`
+        "tiny_hf_dir",  # test_models: tiny.en converted to a Hugging Face directory
+    }
+)
+
+
+# Tests without real weights that still take 5-25 s each on a 2-core CPU: checks that the
+# statistical distribution tests have the power to reject a wrong verifier (the distribution
+# tests themselves stay in the fast tier). Listed here as "file::test" (every parametrisation).
+SLOW_WITHOUT_WEIGHTS = frozenset(
+    {
+        "test_kernels_torch.py::test_distribution_test_rejects_a_wrong_verifier",
+        "test_decoding_tiny.py::test_sampling_check_rejects_an_always_accepting_verifier",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        by_name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in SLOW_WITHOUT_WEIGHTS
+        if by_name or REAL_WEIGHT_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(slow)
+
+
 class Clip(NamedTuple):
     id: str
     path: Path  # 16 kHz mono PCM_16 wav

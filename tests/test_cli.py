@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from specasr.cli import main
 from specasr.eval.metric import wer
 
 
+@pytest.mark.slow  # loads tiny.en
 def test_transcribe_prints_one_transcript_per_file(librivox):
     paths = [str(c.path) for c in librivox[:2]]
     result = CliRunner().invoke(
@@ -23,6 +25,7 @@ def test_transcribe_prints_one_transcript_per_file(librivox):
     assert "α̂=" in result.stderr and "target calls" in result.stderr
 
 
+@pytest.mark.slow  # loads tiny.en
 def test_bad_file_is_reported_and_the_batch_goes_on(librivox, tmp_path):
     bad = tmp_path / "corrupt.wav"
     bad.write_bytes(b"RIFF\x00\x00garbage")

@@ -32,6 +32,7 @@ def clips(librivox, tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_corrupt_file_is_reported_and_the_rest_are_written(clips, librivox, tmp_path):
     out = tmp_path / "out"
     result = _invoke(str(clips), *TINY, "--format", "srt", "--format", "txt", "-o", str(out))
@@ -45,6 +46,7 @@ def test_corrupt_file_is_reported_and_the_rest_are_written(clips, librivox, tmp_
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_skip_existing_resumes_an_interrupted_batch(clips, librivox, tmp_path):
     out = tmp_path / "out"
     (clips / "broken.wav").unlink()
@@ -59,6 +61,7 @@ def test_skip_existing_resumes_an_interrupted_batch(clips, librivox, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{c.path.stem}.txt" for c in librivox[:3])
 
 
+@pytest.mark.slow
 def test_format_all_writes_every_format(librivox, tmp_path):
     out = tmp_path / "out"
     clip = librivox[1]
@@ -73,6 +76,7 @@ def test_format_all_writes_every_format(librivox, tmp_path):
     assert re.search(r"α̂ per token 0\.\d{3} \(accepted/proposed 0\.\d{3}\)", result.stderr)
 
 
+@pytest.mark.slow
 def test_one_file_without_output_dir_prints_the_format(librivox):
     result = _invoke(str(librivox[1].path), *TINY, "--format", "vtt")
     assert result.exit_code == 0, result.output
@@ -80,6 +84,7 @@ def test_one_file_without_output_dir_prints_the_format(librivox):
     assert "young man" in result.stdout
 
 
+@pytest.mark.slow
 def test_unmatched_inputs_fail_but_the_batch_goes_on(librivox, tmp_path):
     result = _invoke(str(tmp_path / "nothing-*.wav"), str(librivox[1].path), *TINY)
     assert result.exit_code == 1
@@ -102,6 +107,7 @@ def test_usage_errors_exit_2(args):
     assert _invoke(*args).exit_code == 2
 
 
+@pytest.mark.slow
 def test_the_readme_batch_command(librivox, tmp_path, monkeypatch):
     """`specasr transcribe tests/data/*.wav --mode exact --format srt -o out/` on the default model."""
     data = librivox[0].path.parent

@@ -11,6 +11,8 @@ from conftest import with_self_draft
 
 from specasr.decode.loop import decode
 from specasr.eval.metric import wer
+from specasr.models.convert import cached_conversion
+from specasr.models.loading import offline_files
 from specasr.options import DecodeOptions
 from specasr.transcription import transcribe_clip
 
@@ -24,10 +26,22 @@ def base_ar(base_pair, librivox, librivox_mels):
 
 
 def _hf_greedy_text_tokens(pair, mel, language):
+    """transformers' generate() on the same converted checkpoint: the reference implementation."""
+    from transformers import WhisperForConditionalGeneration
+
+    preset = "base" if pair.tokenizer.multilingual else "tiny.en"
+    ref = _REFERENCE.get(preset)
+    if ref is None:
+        ref = _REFERENCE[preset] = WhisperForConditionalGeneration.from_pretrained(
+            cached_conversion(offline_files(preset))
+        ).eval()
     kwargs = {"language": language, "task": "transcribe"} if language else {}
     with torch.inference_mode():
-        out = pair.target.generate(input_features=mel, do_sample=False, **kwargs)
+        out = ref.generate(input_features=mel, do_sample=False, **kwargs)
     return [t for t in out[0].tolist() if t < pair.tokenizer.eot]
+
+
+_REFERENCE: dict = {}
 
 
 def test_greedy_matches_transformers_generate_base(base_pair, librivox, librivox_mels, base_ar):

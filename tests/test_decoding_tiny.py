@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hf_oracle import hf_logits
 from tiny_pairs import random_tiny_pair
 from toy import TOY_FRAMES, toy_pair
 
@@ -16,7 +17,7 @@ from specasr.cpu.lean import LeanDecoder
 from specasr.decode import loop
 from specasr.decode.filters import apply_filters, build_filters
 from specasr.decode.loop import decode
-from specasr.decode.runners import DecoderRunner, make_runner
+from specasr.decode.runners import make_runner
 from specasr.decode.step import Hooks, Pass
 from specasr.decode.stop import confidence
 from specasr.decode.task import start_sequence
@@ -97,10 +98,10 @@ def test_per_window_time_is_part_of_the_decoder_time_and_merges(tiny, mode, monk
     assert stats.merge(stats).window_s == pytest.approx(2 * stats.window_s)
 
 
-@pytest.fixture(params=["lean", "transformers"])
+@pytest.fixture(params=["lean", "eager"])
 def runner_kind(request, monkeypatch):
-    """Both decoder loops: `LeanRunner` (CPU fp32) and `DecoderRunner` (elsewhere)."""
-    if request.param == "transformers":
+    """Both decoder forms: `LeanDecoder` (CPU fp32) and the model's own layers (elsewhere)."""
+    if request.param == "eager":
         monkeypatch.setattr(LeanDecoder, "supports", staticmethod(lambda model: False))
     return request.param
 
@@ -108,7 +109,7 @@ def runner_kind(request, monkeypatch):
 def test_both_runners_decode_identically(tiny, ar_reference, runner_kind):
     opts = DecodeOptions(draft_stop=0.0, mode="exact", gamma=3, gamma_policy="fixed", max_new_tokens=MAX_NEW)
     runner = make_runner(tiny.target, torch.zeros(1, 1500, tiny.target.config.d_model))
-    assert isinstance(runner, DecoderRunner) == (runner_kind == "transformers")
+    assert (runner.decoder is tiny.target.model.decoder) == (runner_kind == "eager")
     assert [r.tokens for r in decode(tiny, _mels(3), opts)] == ar_reference
     ar = decode(tiny, _mels(3), replace(opts, mode="autoregressive"))
     assert [r.tokens for r in ar] == ar_reference
@@ -211,8 +212,9 @@ def _exact_distribution(pair, states, opts) -> dict[tuple[int, ...], float]:
         if not grow:
             break
         ctx = [init + list(s) for s in grow]
-        runner = DecoderRunner(pair.target, states.expand(len(ctx), -1, -1))
-        logits = runner(torch.tensor(ctx), 1)[:, -1].contiguous()
+        # the reference implementation's logits, independent of specasr's decoder
+        rows = states.expand(len(ctx), -1, -1)
+        logits = hf_logits(pair.target, tok, rows, torch.tensor(ctx))[:, -1].contiguous()
         apply_filters(filters, logits, ctx)
         probs = torch.softmax(logits / opts.temperature, dim=-1)
         nxt = {}
@@ -328,6 +330,6 @@ def test_no_speech_prob_is_read_at_the_sot_row_after_a_prompt(tiny, mode):
     init, sot = start_sequence(tiny, opts, "en", prompt)
     states = tiny.encode(mel)[0]
     with torch.inference_mode():
-        logits = DecoderRunner(tiny.target, states)(torch.tensor([init]), len(init))  # [1, L, V]
+        logits = hf_logits(tiny.target, tiny.tokenizer, states, torch.tensor([init]))  # [1, L, V]
     expected = torch.softmax(logits[0, sot].float(), -1)[tiny.tokenizer.no_speech].item()
     assert sot > 0 and result.no_speech_prob == pytest.approx(expected, rel=1e-4, abs=1e-7)

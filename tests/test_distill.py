@@ -34,6 +34,7 @@ def test_fortune_cleaning_and_held_out_exclusion(tmp_path):
     assert not any("wandering knight" in t for t in kept2)
 
 
+@pytest.mark.slow  # runs espeak-ng and flite
 def test_corpus_windows_are_speech_within_30_s_and_resumable(tmp_path):
     opts = tts_corpus.CorpusOptions(windows=3, seed=7, workers=1, festival_share=0.0, flite_share=0.5)
     assert tts_corpus.missing_tools(opts) == [], "CI installs espeak-ng, flite and fortunes (.ci/run)"

@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from hf_oracle import hf_logits
 from tiny_pairs import random_tiny_pair
 
 from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
 from specasr.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
 from specasr.decode.loop import decode
-from specasr.decode.runners import DecoderRunner, make_runner
+from specasr.decode.runners import make_runner
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.options import DecodeOptions
 
@@ -37,7 +38,7 @@ def test_full_copy_reproduces_the_target_incrementally_and_teacher_forced(tiny):
     states = _states(tiny)
     tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
     with torch.inference_mode():
-        ref = DecoderRunner(t, states)(tokens, tokens.shape[1])  # [2, 9, V]
+        ref = hf_logits(t, tiny.tokenizer, states, tokens)  # [2, 9, V], the reference implementation
         runner = draft.runner(states)
         parts = [runner(tokens[:, :4], 4), runner(tokens[:, 4:5], 1), runner(tokens[:, 5:], 4)]
         forced = draft(tokens, draft.cross_kv(states))
@@ -135,7 +136,7 @@ def test_lean_decoder_is_the_transformers_decoder(tiny):
     states = _states(tiny, 2)
     tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
     with torch.inference_mode():
-        ref = DecoderRunner(t, states)(tokens, tokens.shape[1])  # [2, 9, V]
+        ref = hf_logits(t, tiny.tokenizer, states, tokens)  # [2, 9, V], the reference implementation
         r = make_runner(t, states)
         assert isinstance(r, LeanRunner) and lean_decoder(t) is lean_decoder(t)
         parts = [r(tokens[:, :4], 4), r(tokens[:, 4:5], 1)]

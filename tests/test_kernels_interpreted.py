@@ -48,10 +48,10 @@ def _shard(items):
 
 @pytest.fixture(autouse=True)
 def interpreter_tiles(monkeypatch):
-    from specasr.kernels import exact
+    from specasr.kernels import exact_triton
 
-    monkeypatch.setattr(exact, "BLOCK_LSE", 16384)
-    monkeypatch.setattr(exact, "BLOCK_RES", 8192)
+    monkeypatch.setattr(exact_triton, "BLOCK_LSE", 16384)
+    monkeypatch.setattr(exact_triton, "BLOCK_RES", 8192)
 
 
 @pytest.mark.parametrize(("B", "G", "V", "dtype", "T"), _shard(CASES))
@@ -66,10 +66,10 @@ def test_crafted_cases_triton(case):
 
 @pytest.mark.parametrize("T", _shard([0.0, 1.0]))
 def test_production_tiles(T, monkeypatch):
-    from specasr.kernels import exact
+    from specasr.kernels import exact_triton
 
-    monkeypatch.setattr(exact, "BLOCK_LSE", 4096)
-    monkeypatch.setattr(exact, "BLOCK_RES", 2048)
+    monkeypatch.setattr(exact_triton, "BLOCK_LSE", 4096)
+    monkeypatch.setattr(exact_triton, "BLOCK_RES", 2048)
     check_triton_matches_reference(1, 2, 51865, torch.float16, T, "cpu", seed=11)
 
 

@@ -12,9 +12,11 @@ import math
 import pytest
 import torch
 from kernel_cases import DTYPES, crafted_cases, emitted_tv, random_batch
-from specasr.kernels import MODES, exact, make_randomness, verify
-from specasr.kernels.exact import exact_torch
-from specasr.kernels.reference import baseline, sample_residual
+from specasr.kernels import MODES, make_randomness, verify
+from specasr.kernels._common import first_argmax
+from specasr.kernels.exact_torch import exact_torch
+from specasr.kernels.exact_triton import INTERPRETED
+from specasr.kernels.reference import baseline, greedy, sample_residual
 from specasr.kernels.sigmoid import DEFAULT_SCALE, sigmoid_prob, sigmoid_torch
 
 GRID = list(itertools.product((1, 2, 5), (1, 4, 7), (1000, 51864, 51865, 51866)))
@@ -43,7 +45,28 @@ def test_cpu_argmax_matches_torch(dtype):
     x[2, 17] = float("nan")
     x[3, ::5] = float("-inf")
     for view in (x, x[:, 1:], x[::2], x.T.contiguous().T):
-        assert torch.equal(exact.first_argmax(view), torch.argmax(view, dim=-1)), view.stride()
+        assert torch.equal(first_argmax(view), torch.argmax(view, dim=-1)), view.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_greedy_with_cpu_argmax_equals_reference(dtype):
+    """`greedy(..., argmax=first_argmax)`, the CPU path at T = 0, gives the reference's
+    (n, next) bit for bit, ties included: a draft on a tied maximum other than the lowest id
+    is rejected."""
+    g = torch.Generator().manual_seed(4)
+    B, G, V = 5, 4, 51865
+    target = torch.randint(0, 3, (B, G + 1, V), generator=g).to(dtype)  # thousands of tied maxima
+    target[:2, 2] = float("-inf")
+    target[:2, 2, [7, 9000]] = 1.0  # two tied finite tokens in an otherwise −inf row
+    tokens = torch.argmax(target[:, :G], dim=-1)  # [B, G] every draft the lowest maximal id
+    tokens[1, 2] = 9000  # tied with 7 but not the lowest: rejected at 2, next 7
+    tokens[2, 0] = (target[2, 0] == target[2, 0].max()).nonzero()[-1].item()  # last tied max
+    tokens[3, 3] = (target[3, 3] < target[3, 3].max()).nonzero()[0].item()  # not a maximum
+    n_ref, next_ref = greedy(target, tokens)
+    n, nxt = greedy(target, tokens, argmax=first_argmax)
+    assert n_ref.tolist() == [4, 2, 0, 3, 4] and next_ref[1] == 7  # the cases above
+    assert torch.equal(n, n_ref) and torch.equal(nxt, next_ref), (n, n_ref, nxt, next_ref)
+    assert n.dtype == nxt.dtype == torch.int64
 
 
 def test_random_batches_exercise_every_branch():
@@ -161,9 +184,27 @@ def test_verify_dispatches_and_validates():
     assert torch.equal(
         verify(*inputs, temperature=1.0, mode="exact")[1], exact_torch(*inputs, temperature=1.0)[1]
     )
-    for T in (0.0, 1.0):  # at T = 0 every mode is argmax matching
-        results = [verify(*inputs, temperature=T, mode=m, backend="torch") for m in MODES]
-        assert (T > 0) or all(torch.equal(r[1], results[0][1]) for r in results)
+    # At T = 0 every mode is argmax matching: n = the length of the prefix of drafts that equal
+    # the target's argmax, next = the argmax at n. Greedy drafts, so n varies across rows.
+    B, G = 5, 3
+    greedy_inputs = random_batch(B, G, 500, torch.float32, 0.0, seed=0)
+    best = greedy_inputs[0].argmax(-1).tolist()  # [B][G+1]
+    n_exp, next_exp = [], []
+    for b, drafts in enumerate(greedy_inputs[2].tolist()):
+        n_b = next((i for i in range(G) if drafts[i] != best[b][i]), G)
+        n_exp.append(n_b)
+        next_exp.append(best[b][n_b])
+    assert len(set(n_exp)) >= 2, n_exp  # not vacuous: rows reject at different positions
+    for mode in MODES:
+        n, nxt = verify(*greedy_inputs, temperature=0.0, mode=mode, backend="torch")
+        assert n.tolist() == n_exp and nxt.tolist() == next_exp, (mode, n, n_exp, nxt, next_exp)
+    # At T > 0 exact draws baseline's tokens, and sigmoid (lossy) those of its torch path.
+    sampled = random_batch(B, G, 500, torch.float32, 1.0, seed=0)
+    expected = {"baseline": baseline, "exact": baseline, "sigmoid": sigmoid_torch}
+    for mode in MODES:
+        n, nxt = verify(*sampled, temperature=1.0, mode=mode, backend="torch")
+        n_ref, next_ref = expected[mode](*sampled, temperature=1.0)
+        assert torch.equal(n, n_ref) and torch.equal(nxt, next_ref), (mode, n, n_ref, nxt, next_ref)
     with pytest.raises(ValueError, match="mode"):
         verify(*inputs, temperature=1.0, mode="fast")
     with pytest.raises(ValueError, match="backend"):
@@ -174,6 +215,6 @@ def test_verify_dispatches_and_validates():
         verify(inputs[0], inputs[1][:, :2], *inputs[2:], temperature=1.0, mode="exact")
     with pytest.raises(ValueError, match="sigmoid_scale"):
         verify(*inputs, temperature=1.0, mode="sigmoid", sigmoid_scale=(1.0, -1.0))
-    if not exact.INTERPRETED:
+    if not INTERPRETED:
         with pytest.raises(ValueError, match="CUDA"):
             verify(*inputs, temperature=1.0, mode="exact", backend="triton")

@@ -31,6 +31,7 @@ CUDA = torch.cuda.is_available() and HAS_TRITON
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
+@pytest.mark.slow  # the interpreter in child processes, ~20 s on 2 cores; test_kernels_torch is the fast tier
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="cases run in-process")
 def test_triton_kernels_under_interpreter():

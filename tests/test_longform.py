@@ -7,8 +7,6 @@ strategy and mode is shared by the tests.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
@@ -35,7 +33,7 @@ def long_audio(librivox) -> LongRecording:
 
 def _opts(mode: str = "autoregressive", **kw) -> TranscribeOptions:
     base = TranscribeOptions(**kw)
-    return replace(base, decode=replace(base.decode, mode=mode))
+    return base.with_decode(mode=mode)
 
 
 def _run(pair, audio: np.ndarray, options: TranscribeOptions):
@@ -196,11 +194,9 @@ def test_silence_is_skipped(tiny_en_pair):
 
 def test_language_detection_and_translate(base_pair, librivox, spy):
     opts = _opts()
-    segments, info = transcribe(
-        librivox[0].path, base_pair, replace(opts, decode=replace(opts.decode, language=None))
-    )
+    segments, info = transcribe(librivox[0].path, base_pair, opts.with_decode(language=None))
     assert info.language == "en" and info.language_detected
-    translate = replace(opts, decode=replace(opts.decode, language="en", task="translate"))
+    translate = opts.with_decode(language="en", task="translate")
     segments, info = transcribe(librivox[1].path, base_pair, translate)
     text = " ".join(s.text for s in segments)
     assert spy[-1][0].task == "translate" and wer([librivox[1].text], [text]) <= 0.3
@@ -209,9 +205,7 @@ def test_language_detection_and_translate(base_pair, librivox, spy):
 def test_translate_needs_a_multilingual_model(tiny_en_pair, librivox):
     opts = _opts()
     with pytest.raises(ValueError, match="English-only"):
-        transcribe(
-            librivox[0].path, tiny_en_pair, replace(opts, decode=replace(opts.decode, task="translate"))
-        )
+        transcribe(librivox[0].path, tiny_en_pair, opts.with_decode(task="translate"))
 
 
 # ---- pure functions ------------------------------------------------------------------------

@@ -16,13 +16,16 @@ import jiwer
 import pytest
 import soundfile as sf
 import torch
+from hf_oracle import hf_twin
 from tiny_pairs import random_tiny_pair
 from transformers import WhisperFeatureExtractor
 from whisper_normalizer.english import EnglishTextNormalizer
 
 import specasr.models.convert
+from specasr.decode.loop import decode
 from specasr.models.convert import CT2Files, cached_conversion, content_key, convert_ct2
 from specasr.models.loading import encoders_equal, list_presets, load_pair, offline_files, self_draft
+from specasr.options import DecodeOptions
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +50,11 @@ def tiny_hf_dir():
 
 
 def _transcribe(pair, clip) -> str:
+    """Greedy text with the converted weights (transformers' own features, specasr's decoder)."""
     audio, sr = sf.read(clip.path, dtype="float32")
     fe = WhisperFeatureExtractor(feature_size=pair.n_mels)
     mel = fe(audio, sampling_rate=sr, return_tensors="pt").input_features  # [1, n_mels, 3000]
-    lang = {"language": "en", "task": "transcribe"} if pair.tokenizer.multilingual else {}
-    with torch.inference_mode():
-        out = pair.target.generate(mel, do_sample=False, num_beams=1, **lang)
-    return pair.tokenizer.decode(out[0].tolist())
+    return decode(pair, mel, DecodeOptions(mode="autoregressive"))[0].text
 
 
 def _wer(ref: str, hyp: str) -> float:
@@ -74,17 +75,23 @@ def test_base_config_derived_from_tensors(base):
     assert (cfg.d_model, cfg.encoder_layers, cfg.decoder_layers) == (512, 6, 6)
     assert (cfg.encoder_attention_heads, cfg.decoder_attention_heads) == (8, 8)
     assert (cfg.encoder_ffn_dim, cfg.num_mel_bins, cfg.vocab_size) == (2048, 80, 51865)
-    assert cfg.decoder_start_token_id == base.tokenizer.sot == 50258
-    gen = base.target.generation_config
-    assert gen.no_timestamps_token_id == 50363 and gen.is_multilingual
-    assert gen.lang_to_id["<|en|>"] == 50259 and gen.task_to_id["transcribe"] == 50359
+    hf_dir = cached_conversion(offline_files("base"))
+    assert (
+        json.loads((hf_dir / "config.json").read_text())["decoder_start_token_id"]
+        == base.tokenizer.sot
+        == 50258
+    )
+    gen = json.loads((hf_dir / "generation_config.json").read_text())  # as transformers wrote it
+    assert gen["no_timestamps_token_id"] == 50363 and gen["is_multilingual"]
+    assert gen["lang_to_id"]["<|en|>"] == 50259 and gen["task_to_id"]["transcribe"] == 50359
     assert base.begin_suppress_tokens == (220, 50257) and 50362 in base.suppress_tokens
+    assert base.target.generation.alignment_heads  # for word timestamps, from the CTranslate2 config
     assert base.target.proj_out.weight is base.target.model.decoder.embed_tokens.weight
 
 
 def test_ct2_dir_and_hf_dir_load_identical_weights(tmp_path, tiny_hf_dir):
     ct2 = load_pair(str(offline_files("tiny.en").model_parts[0].parent), draft=None)
-    ct2.target.save_pretrained(tmp_path)
+    hf_twin(ct2.target, ct2.tokenizer).save_pretrained(tmp_path)  # transformers writes the directory
     shutil.copy(tiny_hf_dir / "tokenizer.json", tmp_path)
     hf = load_pair(str(tmp_path), draft=None)
     a, b = ct2.target.state_dict(), hf.target.state_dict()
@@ -119,7 +126,7 @@ def test_self_draft_with_all_layers_is_the_target():
     enc, _ = pair.encode(torch.randn(1, 80, 3000))
     ids = torch.tensor([pair.tokenizer.sot_sequence("en")])
     with torch.inference_mode():
-        logits = [m(encoder_outputs=(enc,), decoder_input_ids=ids).logits for m in (pair.target, full, short)]
+        logits = [m.proj_out(m.model.decoder(ids, enc)) for m in (pair.target, full, short)]
     assert torch.equal(logits[0], logits[1])
     assert not torch.allclose(logits[0], logits[2])
     with pytest.raises(ValueError, match="self:3"):

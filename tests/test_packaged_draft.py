@@ -30,6 +30,7 @@ def shipped(base_pair):
     return replace(base_pair, draft=draft, shared_encoder=True, draft_name="packaged:base")
 
 
+@pytest.mark.slow  # loads base and its packaged draft
 def test_the_base_preset_ships_a_small_distilled_draft():
     assert PRESETS["base"].draft == "packaged:base"
     path = packaged_draft("base")
@@ -62,7 +63,7 @@ def test_shipped_draft_is_exact_on_the_long_form_fixture(shipped, librivox):
     base = TranscribeOptions()
     runs = {}
     for mode in ("autoregressive", "exact"):
-        opts = replace(base, decode=replace(base.decode, mode=mode))
+        opts = base.with_decode(mode=mode)
         segments, info = transcribe(rec.samples, shipped, opts, source_rate=16000)
         runs[mode] = ([s.tokens for s in segments], info.stats)
     assert runs["exact"][0] == runs["autoregressive"][0]

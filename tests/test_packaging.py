@@ -35,3 +35,25 @@ def test_console_entry_points_run():
         [sys.executable, "-m", "specasr", "--help"], capture_output=True, text=True, check=True
     )
     assert "transcribe" in out.stdout and "bench" in out.stdout and "models" in out.stdout
+
+
+def test_a_checkout_imports_as_the_installed_package(tmp_path):
+    """From a copy of the source tree (as after a non-editable install, run from the repo
+    root), specasr.kernels/apps/recipes resolve to that tree's top-level folders."""
+    import shutil
+
+    for name in ("specasr", "kernels", "apps", "recipes"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    probe = (
+        "import specasr, specasr.kernels, specasr.apps, specasr.recipes\n"
+        "from specasr import DecodeOptions, transcribe\n"
+        "print(specasr.__file__); print(specasr.kernels.__file__); print(specasr.apps.__file__)\n"
+        "print(specasr.recipes.__file__); print(callable(transcribe), DecodeOptions().mode)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert all(line.startswith(str(tmp_path)) for line in lines[:4]), lines
+    assert [Path(p).parent.name for p in lines[1:4]] == ["kernels", "apps", "recipes"]
+    assert lines[4:] == ["True", "exact"]

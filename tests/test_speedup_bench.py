@@ -1,56 +1,56 @@
-"""speedup_bench's bound rows: what the measured α̂, c and verification curve allow."""
+"""speedup_bench's bounds, tested on their values: what the measured α̂, c and verification
+curve allow; and the bench report's derived ratios."""
 
 from __future__ import annotations
 
 import pytest
 
-from specasr.decode.gamma import best_speedup
+from specasr.decode.gamma import best_speedup, theoretical_speedup
 from specasr.decode.stats import DecodeStats
-from specasr.research.speedup import StepCosts, _bound_rows, _side_by_side, side_by_side_table
+from specasr.research.bench import BenchReport
+from specasr.research.speedup import Bounds, StepCosts, _bound_rows, _side_by_side, bounds, side_by_side_table
 
 
-def _rows(curve: dict[int, float], **lf) -> dict[str, str]:
-    costs = StepCosts({k: 20.0 * v for k, v in curve.items()}, transformers={1: 99.0}, draft=5.0)
+def _bounds(curve: dict[int, float], **lf) -> Bounds:
+    costs = StepCosts({k: 20.0 * v for k, v in curve.items()}, eager={1: 99.0}, draft=5.0)
     base = {"ar_decoder": 4.0, "ar_window": 0.0, "ar_wall": 4.0, "token_alpha": 0.85, "c": 0.25}
-    return dict(_bound_rows(base | lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2))
-
-
-LOOP = "best fixed-γ loop speedup at this α̂, c and v (gamma.best_speedup)"
-NEED_C = "c for 1.5× decoder phase at this α̂ and v"
-
-
-def _x(cell: str) -> float:
-    return float(cell.split("×")[0])
+    return bounds(base | lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2)
 
 
 def test_without_per_window_work_or_encoder_the_phase_bound_is_the_loop_bound():
     curve = {k: 1.0 + 0.05 * (k - 1) for k in range(1, 9)}
-    rows = _rows(curve)
-    loop = best_speedup(0.85, 0.25, curve)[0]
-    assert _x(rows[LOOP]) == pytest.approx(loop, abs=0.005)
-    assert _x(rows["best fixed-γ decoder-phase speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
-    assert _x(rows["best fixed-γ end-to-end speedup at this α̂, c and v"]) == pytest.approx(loop, abs=0.005)
+    b = _bounds(curve)
+    loop, g = best_speedup(0.85, 0.25, curve)
+    assert (b.loop, b.loop_gamma) == (pytest.approx(loop), g)
+    assert b.phase == pytest.approx(loop) and b.end_to_end == pytest.approx(loop)
+    assert b.window_share == 0.0 and b.verify == pytest.approx(curve)
 
 
 def test_shared_costs_dilute_the_bound_and_raise_what_a_goal_needs():
     curve = {k: 1.0 + 0.05 * (k - 1) for k in range(1, 9)}
-    lean, heavy = _rows(curve), _rows(curve, ar_window=1.0, ar_wall=7.0)
-    loop = _x(heavy[LOOP])
+    lean, heavy = _bounds(curve), _bounds(curve, ar_window=1.0, ar_wall=7.0)
+    assert heavy.loop == pytest.approx(lean.loop)  # the loop itself does not see shared costs
     # D / (F + (D − F) / loop) with D = 4, F = 1; end to end W / (W − D + D / phase), W = 7
-    phase = 4.0 / (1.0 + 3.0 / loop)
-    assert _x(heavy["best fixed-γ decoder-phase speedup at this α̂, c and v"]) == pytest.approx(
-        phase, abs=0.005
-    )
-    e2e = 7.0 / (3.0 + 4.0 / phase)
-    assert _x(heavy["best fixed-γ end-to-end speedup at this α̂, c and v"]) == pytest.approx(e2e, abs=0.005)
-    key = "α̂ for 1.5× decoder phase at this c and v"
-    assert float(heavy[key]) > float(lean[key])
-    assert float(heavy[NEED_C]) < float(lean[NEED_C])  # shared costs ask for a cheaper draft
+    phase = 4.0 / (1.0 + 3.0 / heavy.loop)
+    assert heavy.phase == pytest.approx(phase)
+    assert heavy.end_to_end == pytest.approx(7.0 / (3.0 + 4.0 / phase))
+    assert heavy.window_share == pytest.approx(0.25)
+    assert heavy.need_alpha > lean.need_alpha
+    assert heavy.need_c < lean.need_c  # shared costs ask for a cheaper draft
+    # at the α̂ (and the c) a goal needs, the phase bound reaches that goal
+    for b in (lean, heavy):
+        at_alpha = _bounds(curve, ar_window=b.window_s, ar_wall=4.0, token_alpha=b.need_alpha)
+        assert at_alpha.phase == pytest.approx(1.5, abs=1e-3)
+        at_c = _bounds(curve, ar_window=b.window_s, ar_wall=4.0, c=b.need_c)
+        assert at_c.phase == pytest.approx(1.5, abs=1e-3)
 
 
 def test_a_goal_no_alpha_reaches_is_called_unreachable():
     steep = {k: 1.0 + 0.6 * (k - 1) for k in range(1, 9)}  # verification far dearer than a step
-    rows = _rows(steep, ar_window=2.0)
+    b = _bounds(steep, ar_window=2.0)
+    assert b.need_alpha is None and b.need_c is None
+    assert _bounds(steep, ar_window=2.0, token_alpha=0.999).phase < 1.5  # not even at α̂ ≈ 1
+    rows = dict(_bound_rows(b))  # the table says so in words
     assert rows["α̂ for 1.5× decoder phase at this c and v"] == "unreachable"
 
 
@@ -75,3 +75,25 @@ def test_side_by_side_pairs_each_configuration_with_the_same_autoregressive_runs
     assert not wrong["identical"]
     table = side_by_side_table([row, wrong])
     assert "| fast | 2.00× | 1.00× – 3.00× | 2.00× |" in table and table.rstrip().endswith("| no |")
+
+
+def test_bench_report_ratios():
+    report = BenchReport(
+        files=2,
+        repeats=3,
+        ar_decoder_s=6.0,
+        spec_decoder_s=3.0,
+        ar_total_s=8.0,
+        spec_total_s=5.0,
+        alpha=0.7,
+        token_alpha=0.8,
+        tokens_per_call=2.5,
+        mean_gamma=3.6,
+        c=0.2,
+        identical=True,
+        verify_ms=0.5,
+    )
+    assert report.decoder_speedup == 2.0 and report.total_speedup == pytest.approx(1.6)
+    theory = theoretical_speedup(0.8, 4, 0.2)  # γ: the mean, rounded
+    assert report.theoretical == pytest.approx(theory)
+    assert report.of_theoretical == pytest.approx(2.0 / theory)

@@ -49,7 +49,7 @@ def real(tiny_en_pair, librivox):
     return list(segments), info
 
 
-@pytest.fixture(params=["synthetic", "real"])
+@pytest.fixture(params=["synthetic", pytest.param("real", marks=pytest.mark.slow)])  # real: tiny.en
 def transcript(request):
     return _synthetic() if request.param == "synthetic" else request.getfixturevalue("real")
 

@@ -1,5 +1,8 @@
 """Random tiny Whisper pairs with a real tokenizer, for fast decoding tests.
 
+The models are specasr's own (`specasr.models.whisper`), initialised by transformers'
+random Whisper initialisation and converted; `hf_oracle.hf_twin` gives the reference twin.
+
 The target and the draft are initialised from different seeds, so the draft agrees with
 the target rarely: the speculative loop's rejection paths get exercised constantly.
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 
 import torch
-from transformers import WhisperForConditionalGeneration
+from hf_oracle import own_from_hf
 
 from specasr.models.convert import whisper_config, whisper_generation_config
 from specasr.models.loading import ModelPair, offline_files
@@ -18,9 +21,9 @@ from specasr.tokenizer import Tokenizer
 N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
 
 
-def _random_model(
-    tok: Tokenizer, ct2_config: dict, seed: int, decoder_layers: int, d_model: int = 64
-) -> WhisperForConditionalGeneration:
+def _random_model(tok: Tokenizer, ct2_config: dict, seed: int, decoder_layers: int, d_model: int = 64):
+    from transformers import WhisperForConditionalGeneration
+
     cfg = whisper_config(
         tok,
         d_model=d_model,
@@ -36,7 +39,7 @@ def _random_model(
         torch.manual_seed(seed)
         model = WhisperForConditionalGeneration(cfg)
     model.generation_config = whisper_generation_config(tok, ct2_config)
-    return model.eval().requires_grad_(False)
+    return own_from_hf(model.eval().requires_grad_(False))
 
 
 def random_tiny_pair(
@@ -56,7 +59,7 @@ def random_tiny_pair(
     dev = torch.device(device)
     target = _random_model(tok, ct2_config, seed, 2).to(dev, dtype)
     draft = _random_model(tok, ct2_config, seed + 1, draft_layers).to(dev, dtype)
-    gen = target.generation_config
+    gen = target.generation
     return ModelPair(
         target=target,
         draft=draft,

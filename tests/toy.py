@@ -7,9 +7,9 @@ is what the sampling-exactness test compares against.
 from __future__ import annotations
 
 import torch
+from hf_oracle import own_from_hf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
-from transformers import GenerationConfig
 
 from specasr.models.convert import whisper_config
 from specasr.models.loading import ModelPair
@@ -61,8 +61,7 @@ def _model(tok: Tokenizer, seed: int, layers: int, sharpness: float):
         # the context (the tied one mostly repeats the input token)
         weight = torch.randn(tok.timestamp_begin, 32) * sharpness
         model.proj_out.weight = torch.nn.Parameter(weight, requires_grad=False)
-    model.generation_config = GenerationConfig(decoder_start_token_id=tok.sot, eos_token_id=tok.eot)
-    return model.eval().requires_grad_(False)
+    return own_from_hf(model.eval().requires_grad_(False))
 
 
 def toy_pair(seed: int = 0, sharpness: float = 0.3) -> ModelPair:

@@ -135,6 +135,7 @@ def transcribe(
         decode = replace(
             _TRANSCRIBE.decode,
             mode=mode,
+            temperature=temperature,  # the start of the fallback schedule below
             gamma=gamma,
             gamma_policy=gamma_policy,
             draft_stop=draft_stop,

@@ -1,17 +1,17 @@
 """A lean decoder loop: preallocated KV cache, plain torch layers, fast CPU products.
 
-`LeanRunner` runs any decoder that offers `layers` (`draft.DecoderLayer`s), `heads`,
-`d_model`, `embed(tokens, start)` and `logits(hidden)`. Two do:
+`LeanRunner` runs any decoder that offers `layers` (`specasr.models.layers.DecoderLayer`s),
+`heads`, `d_model`, `embed(tokens, start)` and `logits(hidden)`. Two do:
 
-- `draft.DistilledDraft`, the distilled draft;
+- `specasr.models.draft.DistilledDraft`, the distilled draft;
 - `LeanDecoder`, a view of a Hugging Face Whisper decoder for CPU. It shares the model's
-  layer norms, embeddings and positions, and holds its matrices as `cpu_linear` products.
-  It computes the same function as the Hugging Face module in fp32, up to the order of
-  summation inside the products: the target stays the target. What it saves is time,
-  mostly at 2+ tokens per pass. The output projection no longer repacks its weight on
-  every call (`cpu_linear.WideLinear`), the layers use contiguous Wᵀ, and there is no
-  module tree, cache object or mask builder. Base, measured on the 2-core dev box
-  (`python -m specasr.research.speedup`): see docs/benchmarks.md.
+  layer norms, embeddings and positions, and holds its matrices as `specasr.cpu.linear`
+  products. It computes the same function as the Hugging Face module in fp32, up to the
+  order of summation inside the products: the target stays the target. What it saves is
+  time, mostly at 2+ tokens per pass. The output projection no longer repacks its weight
+  on every call (`linear.WideLinear`), the layers use contiguous Wᵀ, and there is no
+  module tree, cache object or mask builder. How much that is depends on the machine: the
+  step costs `python -m specasr.research.speedup` measures are in docs/benchmarks.md.
 
 The cache is indexed by position, so rollback moves a length and recomputes nothing.
 """
@@ -30,11 +30,11 @@ from specasr.models.layers import DecoderLayer
 
 
 class LeanDecoder:
-    """A Hugging Face Whisper decoder as plain layers with `cpu_linear` products (CPU, fp32)."""
+    """A Hugging Face Whisper decoder as plain layers with `specasr.cpu.linear` products (CPU, fp32)."""
 
     def __init__(self, model, script: bool = True) -> None:
         """script: passes of up to MANY_ROWS rows run each layer as one TorchScript function
-        (`layer_steps.fp32_layer_step`), the same maths without Python between the ops."""
+        (`specasr.cpu.scripted.fp32_layer_step`), the same maths without Python between the ops."""
         cfg, dec = model.config, model.model.decoder
         self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
         self.layers = nn.ModuleList()
@@ -96,7 +96,7 @@ def lean_decoder(model) -> LeanDecoder:
 
 class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
-    `decoding.DecoderRunner` (call, rollback, keep, length)."""
+    `specasr.decode.runners.DecoderRunner` (call, rollback, keep, length)."""
 
     def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
         """cross: per layer precomputed cross K/V for these states, or None to compute it."""

@@ -2,25 +2,23 @@
 
 A decoder step multiplies 1 to 9 rows by every weight matrix once. With so few rows the
 cost is reading the weights, but BLAS's general GEMM repacks the weight on every call
-once there are 2 or more rows. For base's 51865 × 512 output projection, measured on the
-2-core dev box (ms, median of 30):
-
-    rows                          1     2     5     8
-    F.linear(x, W)              6.9   6.5  13.0     -
-    x @ Wᵀ (Wᵀ contiguous)      5.0   9.7  10.1  13.0
-    oneDNN prepacked W          5.8   6.1   6.6   8.2
-
-so `WideLinear` multiplies one row by a contiguous Wᵀ and 2–64 rows by a oneDNN weight
-packed once. `TransposedLinear` is the contiguous-Wᵀ form for a layer's small matrices,
-where it beats F.linear at 2+ rows (2048 × 512 at 5 rows: 0.13 against 0.22 ms); packing
-those as well measured no faster in a whole decoder pass. Above 64 rows (cross-attention
-K/V over 1500 frames) the product is compute-bound and both hand over to F.linear, whose
-blocking wins there (12 × [1500, 512] × [512, 512]: 62 ms against 80 ms with Wᵀ).
-All compute the same fp32 products up to summation order: the target stays the target.
+once there are 2 or more rows. So `WideLinear` (a wide projection such as base's
+51865 × 512 output head) multiplies one row by a contiguous Wᵀ, which needs no packing,
+and 2–64 rows by a oneDNN weight packed once. `TransposedLinear` is the contiguous-Wᵀ form
+for a layer's small matrices, where it beats F.linear at 2+ rows; packing those as well
+measured no faster in a whole decoder pass. Above 64 rows (cross-attention K/V over 1500
+frames) the product is compute-bound and both hand over to F.linear, whose blocking wins
+there. All compute the same fp32 products up to summation order: the target stays the
+target.
 
 `Int8Linear` is lossy: int8 weights with per-output-channel scales, and activations
 quantised per call (fbgemm's dynamic linear). It is for drafts only, where precision moves
-the acceptance rate but never the output: a 16384 × 512 head costs 0.29 ms against 1.6 ms.
+the acceptance rate but never the output, and a quarter of the bytes to read makes a
+memory-bound product cheaper.
+
+No timings are quoted here: they belong to one machine and go stale as the code changes.
+The measurements behind these choices are in docs/benchmarks.md ("Component timings behind
+the CPU code"), with the per-shape numbers in docs/history/docstring-measurements.md.
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ class TransposedLinear(nn.Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
-        self.weight = weight.detach()  # [out, in], the caller's tensor (no copy)
         self.wt = weight.detach().t().contiguous()  # [in, out]
+        self.weight = self.wt.t()  # [out, in], a view of wt: the form holds one copy
         self.bias = None if bias is None else bias.detach()  # [out]
 
     @classmethod
@@ -97,11 +95,17 @@ _FORMS: dict[type, weakref.WeakKeyDictionary] = {}  # form class -> {nn.Linear: 
 def shared_form(cls: type[TransposedLinear], linear: nn.Linear) -> TransposedLinear:
     """cls.of(linear), built once per Linear module: models that share modules (a `self:K`
     draft shares its target's first layers and output projection) share the derived copies
-    instead of holding a second transpose and a second packed weight."""
+    instead of holding a second transpose and a second packed weight.
+
+    The Linear's weight is then re-pointed at the form's Wᵀ (same values, as a transposed
+    view), so the model and its fast form hold one copy of the matrix between them; a
+    weight tied to it (Whisper's token embedding) follows, as it is the same Parameter."""
     forms = _FORMS.setdefault(cls, weakref.WeakKeyDictionary())
     form = forms.get(linear)
     if form is None or form.weight.data_ptr() != linear.weight.data_ptr():
         form = forms[linear] = cls.of(linear)
+        if linear.weight.device.type == "cpu":
+            linear.weight.data = form.weight
     return form
 
 

@@ -2,16 +2,20 @@
 
 A decoder pass on CPU over 1–9 tokens is dozens of small products and views per layer, and
 the Python around each op (module calls, views, reshapes) costs about as much as a small
-product. Each function here is `draft.DecoderLayer.forward` for one kind of layer, written
-as one scripted function, so the interpreter runs the ops without Python between them:
+product. Each function here is `specasr.models.layers.DecoderLayer.forward` for one kind
+of layer, written as one scripted function, so the interpreter runs the ops without Python
+between them:
 
 - `int8_layer_step`: a distilled draft's layer after `DistilledDraft.quantize_int8`
-  (fbgemm int8 products). Same ops, same order: bitwise the eager layer (tested). Base's
-  draft, 2-core dev box: 3.5 → 2.3 ms per one-token step.
-- `fp32_layer_step`: a `lean_decoder.LeanDecoder` layer (the target on CPU), for passes of
-  up to `cpu_linear.MANY_ROWS` rows, where its products are x·Wᵀ with a contiguous Wᵀ. It
-  agrees with the eager layer to about 1e-6 (tested): the target stays the target, as
-  with the product forms of `cpu_linear`. Base, one token: 18.9 → 15.5 ms per pass.
+  (fbgemm int8 products). Same ops, same order: bitwise the eager layer (tested).
+- `fp32_layer_step`: a `specasr.cpu.lean.LeanDecoder` layer (the target on CPU), for passes
+  of up to `specasr.cpu.linear.MANY_ROWS` rows, where its products are x·Wᵀ with a
+  contiguous Wᵀ. It agrees with the eager layer to about 1e-6 (tested): the target stays
+  the target, as with the product forms of `specasr.cpu.linear`.
+
+Both are faster than the eager layers for one-token and few-token passes, by the Python
+they remove; how much depends on the machine, so the measured times are in
+docs/benchmarks.md ("Component timings behind the CPU code"), not here.
 
 Both write this block's keys and values into the preallocated cache at `start` and attend
 over positions 0 … start+T-1, like the eager layer. TorchScript is deprecated in recent
@@ -31,14 +35,14 @@ from torch import Tensor
 
 
 def _lin(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (TorchScript)
-    """x [rows, in] · Wᵀ [in, out] (+ b) -> [rows, out], as `cpu_linear.TransposedLinear`."""
+    """x [rows, in] · Wᵀ [in, out] (+ b) -> [rows, out], as `specasr.cpu.linear.TransposedLinear`."""
     if b is None:
         return x @ wt
     return torch.addmm(b, x, wt)
 
 
 def _q8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> Tensor:
-    """x [rows, in] -> [rows, out] through fbgemm's dynamic int8 product, as `cpu_linear.Int8Linear`."""
+    """x [rows, in] -> [rows, out] through fbgemm's dynamic int8 product, as `linear.Int8Linear`."""
     return torch.ops.quantized.linear_dynamic(x, packed, True)
 
 
@@ -174,7 +178,7 @@ def scripted(kind: str):
 
 
 def int8_args(layer) -> tuple:
-    """A quantized `draft.DecoderLayer`'s tensors and packed products, in `int8_layer_step` order."""
+    """A quantized `layers.DecoderLayer`'s tensors and packed products, in `int8_layer_step` order."""
     a, c = layer.self_attn, layer.encoder_attn
     return (
         layer.self_attn_layer_norm.weight,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from specasr.constants import SECONDS_PER_TIMESTAMP
 from specasr.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
@@ -67,7 +68,7 @@ class TimestampRules(LogitFilter):
         self.ts_begin = tokenizer.timestamp_begin
         self.sample_begin = sample_begin
         self.max_initial_index = (
-            None if max_initial_timestamp is None else round(max_initial_timestamp / 0.02)
+            None if max_initial_timestamp is None else round(max_initial_timestamp / SECONDS_PER_TIMESTAMP)
         )
 
     def apply(self, logits: Tensor, contexts: Sequence[Sequence[int]]) -> None:

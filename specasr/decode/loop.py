@@ -132,6 +132,7 @@ def decode_states(
     for r in range(len(target_states)):
         toks = batch.seqs[r][task.sample_begin :]
         text_toks = toks[:-1] if toks and toks[-1] == tok.eot else toks
+        kinds = batch.kinds[r][: len(text_toks)]
         results.append(
             DecodeResult(
                 tokens=text_toks,
@@ -141,6 +142,7 @@ def decode_states(
                 temperature=options.temperature,
                 language=language,
                 stats=stats,
+                token_kinds=kinds,
             )
         )
     return results

@@ -1,10 +1,9 @@
 """Decoder runners: one model's decoder and its KV cache, behind one interface.
 
-- `LeanRunner` (`specasr.cpu.lean`): a preallocated, position-indexed cache over plain
-  torch layers. Used for a Whisper target in fp32 on CPU (through its `LeanDecoder` view)
-  and for distilled drafts, which bring their own (`BringsRunner`).
-- `DecoderRunner`: the Hugging Face modules and their `EncoderDecoderCache` (CUDA, fp16,
-  `self:K` drafts off CPU).
+Every runner is a `LeanRunner` (`specasr.cpu.lean`): a preallocated, position-indexed cache
+over plain torch layers. A Whisper target in fp32 on a CPU runs through its `LeanDecoder`
+view (the same layers with faster product forms); elsewhere (CUDA, fp16) the model's own
+decoder layers run as they are; distilled drafts bring their own runner (`BringsRunner`).
 
 Invariant between passes: a runner holds every context token but the newest, so the next
 pass feeds `context[runner.length:]` plus any new proposals. Rolling back sets a length;
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-import torch
 from torch import Tensor
 
 from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
@@ -52,51 +50,14 @@ class BringsRunner(Protocol):
     def runner(self, states: Tensor, target_cross: list | None = None) -> Runner: ...
 
 
-class DecoderRunner:
-    """One Whisper decoder (Hugging Face modules) and its KV cache, for CUDA and non-fp32
-    models; on CPU in fp32 `make_runner` picks `LeanRunner`. The cache holds the first
-    `length` positions of every row; rows are kept at equal length."""
-
-    def __init__(self, model, encoder_states: Tensor) -> None:
-        self.model = model
-        self.states = encoder_states  # [B, 1500, d_model]
-        self.cache = None
-        self.length = 0
-
-    @torch.inference_mode()
-    def __call__(self, tokens: Tensor, last: int) -> Tensor:
-        """tokens: [B, k] at positions length … length+k-1 -> logits [B, last, V] of the final rows."""
-        out = self.model.model.decoder(
-            input_ids=tokens,
-            encoder_hidden_states=self.states,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self.cache = out.past_key_values
-        self.length += tokens.shape[1]
-        return self.model.proj_out(out.last_hidden_state[:, -last:])
-
-    def rollback(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)  # negative: drop that many trailing positions
-            self.length = length
-
-    def keep(self, rows: Tensor) -> None:
-        self.cache.batch_select_indices(rows)
-        self.states = self.states[rows]
-
-    def cache_prefix(self) -> list[Tensor]:
-        return [t for layer in self.cache.self_attention_cache.layers for t in (layer.keys, layer.values)]
-
-
 def make_runner(model, encoder_states: Tensor, target: Runner | None = None) -> Runner:
     """The runner for a model: a distilled draft brings its own; a Whisper model in fp32 on
-    CPU gets `LeanRunner` over its `LeanDecoder` view (same function, faster products);
-    anything else gets `DecoderRunner`. target: the target's runner, whose cross K/V a
-    distilled draft on the same states may reuse."""
+    CPU runs through its `LeanDecoder` view (same function, faster products); anything else
+    runs its own decoder layers. target: the target's runner, whose cross K/V a distilled
+    draft on the same states may reuse."""
     if isinstance(model, BringsRunner):
         shared = isinstance(target, LeanRunner) and target.states is encoder_states
         return model.runner(encoder_states, target.cross if shared else None)
     if LeanDecoder.supports(model):
         return LeanRunner(lean_decoder(model), encoder_states)
-    return DecoderRunner(model, encoder_states)
+    return LeanRunner(model.model.decoder, encoder_states)

@@ -38,6 +38,11 @@ from specasr.decode.task import Task
 from specasr.kernels._common import first_argmax
 from specasr.options import DecodeOptions
 
+# Where each emitted token came from: a draft token the verifier accepted; the verifier's
+# token at the first rejection ("corrected", drawn from norm(max(0, p − q))); its token after
+# all γ were accepted ("bonus", drawn from p); or a target-only step.
+TOKEN_KINDS = ("draft", "corrected", "bonus", "target")
+
 
 def pick(logits: Tensor, temperature: float, gen: torch.Generator) -> Tensor:
     """logits [N, V] -> tokens [N]: argmax at T = 0, else the exponential race
@@ -63,10 +68,17 @@ class Batch:
     sum_logprob: list[float]  # per row: target log-probs of the emitted tokens
     no_speech: list[float]  # per row: P(<|nospeech|>) at the sot position, once known
     active: list[int]
+    kinds: list[list[str]]  # per row, per emitted token: one of TOKEN_KINDS
 
     @classmethod
     def start(cls, init: list[int], rows: int) -> Batch:
-        return cls([list(init) for _ in range(rows)], [0.0] * rows, [math.nan] * rows, list(range(rows)))
+        return cls(
+            [list(init) for _ in range(rows)],
+            [0.0] * rows,
+            [math.nan] * rows,
+            list(range(rows)),
+            [[] for _ in range(rows)],
+        )
 
     @property
     def length(self) -> int:
@@ -162,6 +174,7 @@ def target_step(ctx: StepContext, batch: Batch, target: Runner) -> None:
     for r, t, lp in zip(batch.active, tok.tolist(), token_logprobs(rows, tok).tolist()):
         batch.seqs[r].append(t)
         batch.sum_logprob[r] += lp
+        batch.kinds[r].append("target")
     target.rollback(L)  # the cache holds every token but the newest
     ctx.stats.record_step(len(batch.active))
 
@@ -251,6 +264,8 @@ class SpeculativeStep:
         emitted = []
         for j, r in enumerate(batch.active):
             toks = new[j][: new[j].index(eot) + 1] if eot in new[j] else new[j]
+            last = "draft" if accepted[j] > m else "bonus" if m == proposal.gamma else "corrected"
+            batch.kinds[r] += (["draft"] * m + [last])[: len(toks)]
             batch.seqs[r] += toks
             batch.sum_logprob[r] += sum(lps[j][: len(toks)])
             emitted.append(len(toks))

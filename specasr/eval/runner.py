@@ -30,7 +30,7 @@ RESULTS, CONFIG = "results.jsonl", "config.json"
 class EvalOptions:
     modes: tuple[str, ...] = MODES  # decoding modes, each run on every utterance
     decode: DecodeOptions = DecodeOptions()  # per-utterance decoding; `mode` is set per mode
-    batch_size: int = 1  # utterances (of at most 30 s) per batched decode
+    batch_size: int = 1  # utterances (of at most 30 s) per batched decode; at T > 0 each is decoded alone
     limit: int | None = None  # first N utterances (by id) after --fraction
     fraction: float | None = None  # a random fraction of the utterances, drawn with `seed`
     seed: int = 0  # seeds the --fraction draw
@@ -208,7 +208,14 @@ class Evaluator:
             except Exception as e:  # a bad file is recorded and the run goes on
                 errors[u.id] = f"{type(e).__name__}: {e}"
         short = [u for u in utts if u.id in audio and len(audio[u.id]) <= N_SAMPLES]
-        groups = [short] if short else []
+        # At T = 0 a batch row decodes exactly as it would alone, so short utterances share a
+        # batch. A sampled batch draws all its rows from one random stream, so when sampling
+        # each utterance is decoded alone with its own seed (`_seed`): whatever the batch
+        # size or shard, an utterance draws the same samples.
+        if self.options.decode.temperature == 0:
+            groups = [short] if short else []
+        else:
+            groups = [[u] for u in short]
         groups += [[u] for u in utts if u.id in audio and len(audio[u.id]) > N_SAMPLES]
         hyps: dict[str, tuple[str, dict | None, float, int]] = {}
         for group in groups:
@@ -231,6 +238,11 @@ class Evaluator:
                 rec |= {"stats": stats, "error": None}
             yield rec
 
+    def _seed(self, utt) -> int:
+        """The seed of an utterance's decode: the base seed plus a hash of its id, so that a
+        sharded or differently batched sampling run draws what a single run draws."""
+        return self.options.decode.seed + zlib.crc32(utt.id.encode())
+
     def _decode_group(self, group: list, samples: list, mode: str) -> dict:
         """-> {id: (text, stats dict or None, wall seconds, rows)}. A batch's stats and wall
         time go with its first row (the others get None and 0) so that sums stay right."""
@@ -242,9 +254,11 @@ class Evaluator:
         from specasr.options import TranscribeOptions
         from specasr.transcription import transcribe
 
-        # a seed per utterance id: a sharded sampling run draws what a single run draws
-        seed = self.options.decode.seed + zlib.crc32(group[0].id.encode())
-        options = replace(self.options.decode, mode=mode, seed=seed, timing=True)  # verifier time Δ%
+        if len(group) > 1 and self.options.decode.temperature > 0:
+            raise ValueError("sampled utterances are decoded one at a time, each with its own seed")
+        # one utterance when sampling; several only at T = 0, where nothing is drawn. timing:
+        # the records' verifier time Δ%
+        options = replace(self.options.decode, mode=mode, seed=self._seed(group[0]), timing=True)
         sync = self.pair.device.type == "cuda"
         t0 = time.perf_counter()
         if len(group) == 1 and len(samples[0]) > N_SAMPLES:

@@ -70,8 +70,10 @@ def sequential(
             continue
         pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
         seek += advance
-        current = []
+        current, first_token = [], 0
         for start_ts, end_ts, tokens in pieces:
+            kinds = result.token_kinds[first_token : first_token + len(tokens)]
+            first_token += len(tokens)  # pieces are consecutive slices of result.tokens
             start = offset + start_ts * SECONDS_PER_TIMESTAMP
             end = min(offset + end_ts * SECONDS_PER_TIMESTAMP, info.duration)
             text = tok.decode(tokens)
@@ -87,6 +89,7 @@ def sequential(
                     tokens=tokens,
                     window=window,
                     stats=stats,
+                    token_kinds=kinds,
                 )
             )
         all_tokens += [t for s in current for t in s.tokens]

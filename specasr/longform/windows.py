@@ -50,6 +50,10 @@ def decode_with_fallback(
     """Decodes B windows from their encoder states; rows whose result needs a fallback are
     decoded again, together, at the next temperature. Each row keeps its last result.
 
+    `options.decode` is used with three fields set here: temperature steps through
+    `options.temperatures` (whose first value is `decode.temperature`, as TranscribeOptions
+    checks), language is the given or detected `language`, and seed is this window's `seed`.
+
     target_states: (B, 1500, d_target); draft_states: (B, 1500, d_draft) or None.
     """
     results: list[DecodeResult | None] = [None] * target_states.shape[0]

@@ -1,4 +1,9 @@
-"""CTranslate2 (faster-whisper) Whisper checkpoints -> `WhisperForConditionalGeneration` dirs.
+"""CTranslate2 (faster-whisper) Whisper checkpoints -> Hugging Face Whisper directories.
+
+The output is what `transformers`' `WhisperForConditionalGeneration.from_pretrained` loads,
+and what specasr's own `models.whisper.load_whisper` loads without transformers. Converting
+is the one run-time use of transformers (it writes the config files), imported only here
+and only on a cache miss: a converted model is cached by content and loads without it.
 
 `model.bin` layout (little-endian; strings are u16 length incl. NUL, then bytes, then NUL):
     u32 binary_version, str spec_name, u32 spec_revision, u32 n_variables,
@@ -22,15 +27,18 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import torch
 from safetensors.torch import save_file
-from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor
 
+from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
-CONVERTER_VERSION = 1  # bump when the output format changes; it is part of the cache key
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, WhisperConfig
+
+CONVERTER_VERSION = 2  # bump when the output format changes; it is part of the cache key (2: fp32)
 _CT2_DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 
@@ -138,6 +146,8 @@ def whisper_config(
     max_target_positions: int = 448,
 ) -> WhisperConfig:
     """A `WhisperConfig` whose special-token ids come from the tokenizer, by name."""
+    from transformers import WhisperConfig
+
     return WhisperConfig(
         vocab_size=vocab_size,
         num_mel_bins=n_mels,
@@ -165,6 +175,8 @@ def whisper_generation_config(
     tokenizer: Tokenizer, ct2_config: dict, max_length: int = 448
 ) -> GenerationConfig:
     """Generation settings as Hugging Face's Whisper checkpoints ship them (no forced ids)."""
+    from transformers import GenerationConfig
+
     multilingual = tokenizer.multilingual
     extra: dict = {}
     if multilingual:
@@ -294,9 +306,13 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if dtype == torch.float32:  # the CPU decoder's layout, read in place at load
+            write_transposed(tmp, sd)
         cfg.save_pretrained(tmp)
         gen = whisper_generation_config(tokenizer, ct2_config, cfg.max_target_positions)
         gen.save_pretrained(tmp)
+        from transformers import WhisperFeatureExtractor
+
         WhisperFeatureExtractor(feature_size=cfg.num_mel_bins).save_pretrained(tmp)
         shutil.copyfile(files.tokenizer, tmp / "tokenizer.json")
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary user dir
@@ -350,14 +366,16 @@ def content_key(files: CT2Files, root: Path) -> str:
 
 
 def cached_conversion(source: str | Path | CT2Files, cache_root: str | Path | None = None) -> Path:
-    """Converts once into <cache>/hf/<content key>/ and returns that directory thereafter."""
+    """Converts once into <cache>/hf/<content key>/ and returns that directory thereafter.
+    The cache holds fp32 weights, the precision a CPU runs: loading then reads them straight
+    into place, with no conversion pass (other dtypes convert on load)."""
     files = as_ct2_files(source)
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     out = root / "hf" / content_key(files, root)[:32]
     if (out / "model.safetensors").is_file():
         return out
     try:
-        return convert_ct2(files, out)
+        return convert_ct2(files, out, dtype=torch.float32)
     except OSError:
         if (out / "model.safetensors").is_file():  # another process won the rename race
             return out

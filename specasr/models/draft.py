@@ -10,11 +10,12 @@ of them are stored with the draft), and owns only:
   verifier only needs q(d) > 0 for the drafted token d, and the residual max(p − q, 0)
   then gives those tokens their full target mass (exact at every temperature).
 
-It runs in `lean_decoder.LeanRunner`, a preallocated-KV-cache loop with the interface of
-`decoding.DecoderRunner` (call, rollback, keep), so a draft step costs its arithmetic plus
-a few dozen kernel launches, not a Hugging Face module tree. On CPU `quantize_int8` makes
-its products int8 (lossy: it moves α, never the output) and runs each layer as one
-TorchScript function (`layer_steps`), with the same ops and without Python between them.
+It runs in `specasr.cpu.lean.LeanRunner`, a preallocated-KV-cache loop with the interface
+of `specasr.decode.runners.DecoderRunner` (call, rollback, keep), so a draft step costs its
+arithmetic plus a few dozen kernel launches, not a Hugging Face module tree. On CPU
+`quantize_int8` makes its products int8 (lossy: it moves α, never the output) and runs each
+layer as one TorchScript function (`specasr.cpu.scripted`), with the same ops and without
+Python between them.
 
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from specasr.cpu.lean import LeanRunner
 from specasr.cpu.linear import Int8Linear, swap_linears
 from specasr.cpu.scripted import int8_args, scripted
-from specasr.models.layers import DecoderLayer, fuse_qkv
+from specasr.models.layers import DecoderLayer, fuse_qkv, no_init
 
 FORMAT = "specasr-draft"
 VERSION = 1
@@ -130,17 +131,19 @@ class DistilledDraft(nn.Module):
     def runner(self, states: Tensor, target_cross: list | None = None) -> LeanRunner:
         """target_cross: the target runner's per-layer cross K/V on the same states; layers
         that kept a target layer's projections (`cross_from`) reuse them instead of computing
-        their own (about 11 ms per window for base on the dev box, and exact fp32 K/V)."""
+        their own. That saves a K/V product over every encoder frame per window and keeps
+        the K/V exact fp32 (the time saved depends on the machine: docs/benchmarks.md)."""
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
         return LeanRunner(self, states, cross)
 
     def quantize_int8(self, script: bool = True) -> DistilledDraft:
-        """Inference on CPU with int8 weights (`cpu_linear.Int8Linear`): lossy, which moves the
-        acceptance rate but never the transcript. Attach first; no training afterwards.
-        script: each layer runs as one TorchScript function (`layer_steps`), bitwise the
-        same as the eager layer and about a third faster per one-token step."""
+        """Inference on CPU with int8 weights (`specasr.cpu.linear.Int8Linear`): lossy, which
+        moves the acceptance rate but never the transcript. Attach first; no training
+        afterwards. script: each layer runs as one TorchScript function
+        (`specasr.cpu.scripted`), bitwise the same as the eager layer and faster per
+        one-token step, without Python between the ops (measured: docs/benchmarks.md)."""
         if not self._shared:
             raise RuntimeError("attach the draft to its target before quantizing it")
         if self.layer_norm.weight.device.type != "cpu":
@@ -217,14 +220,15 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
         if int(meta.get("version", 0)) > VERSION:
             raise ValueError(f"{path} has draft format version {meta['version']}; upgrade specasr")
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
-    draft = DistilledDraft(
-        int(meta["d_model"]),
-        int(meta["heads"]),
-        int(meta["ffn"]),
-        int(meta["layers"]),
-        tensors["vocab_ids"],
-        int(meta["vocab_size"]),
-    )
+    with no_init():  # every weight comes from the file
+        draft = DistilledDraft(
+            int(meta["d_model"]),
+            int(meta["heads"]),
+            int(meta["ffn"]),
+            int(meta["layers"]),
+            tensors["vocab_ids"],
+            int(meta["vocab_size"]),
+        )
     draft.load_state_dict(tensors)
     draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe")}
     draft.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -9,20 +9,38 @@ nothing. On CPU a layer may run as one TorchScript function (`specasr.cpu.script
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class _Attention(nn.Module):
+@contextmanager
+def no_init():
+    """Module constructors skip their random initialisation (as transformers' no_init_weights
+    does): on meta tensors it would cost nothing, but torch routes it through its reference
+    implementations, whose first use imports torch._dynamo (over a second)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_")
+    saved = {n: getattr(nn.init, n) for n in names}
+    for n in names:
+        setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(nn.init, n, f)
+
+
+class Attention(nn.Module):
     """Whisper attention projections (names match transformers' WhisperAttention)."""
 
-    def __init__(self, d: int) -> None:
+    def __init__(self, d: int, device=None) -> None:
         super().__init__()
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d)
-        self.out_proj = nn.Linear(d, d)
+        self.q_proj = nn.Linear(d, d, device=device)
+        self.k_proj = nn.Linear(d, d, bias=False, device=device)
+        self.v_proj = nn.Linear(d, d, device=device)
+        self.out_proj = nn.Linear(d, d, device=device)
 
 
 class DecoderLayer(nn.Module):
@@ -35,18 +53,19 @@ class DecoderLayer(nn.Module):
     _step_rows: float = 0
     _step_eps = 1e-5
 
-    def __init__(self, d: int, heads: int, ffn: int) -> None:
+    def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
+        """device: where to allocate the (uninitialised-to-be-loaded) weights; "meta" for none."""
         super().__init__()
         self.heads, self.dh = heads, d // heads
-        self.self_attn, self.encoder_attn = _Attention(d), _Attention(d)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.final_layer_norm = nn.LayerNorm(d)
-        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+        self.self_attn, self.encoder_attn = Attention(d, device), Attention(d, device)
+        self.self_attn_layer_norm = nn.LayerNorm(d, device=device)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d, device=device)
+        self.final_layer_norm = nn.LayerNorm(d, device=device)
+        self.fc1, self.fc2 = nn.Linear(d, ffn, device=device), nn.Linear(ffn, d, device=device)
 
     def use_script(self, step, args: tuple, max_rows: float) -> None:
         """Run cached passes of up to `max_rows` rows (B·T) through `step`, a scripted
-        `layer_steps` function, with this layer's weight arguments `args`."""
+        `specasr.cpu.scripted` function, with this layer's weight arguments `args`."""
         self._step, self._step_args, self._step_rows = step, args, max_rows
         self._step_eps = self.self_attn_layer_norm.eps
 
@@ -100,11 +119,13 @@ class DecoderLayer(nn.Module):
 def fuse_qkv(attn: nn.Module, make) -> None:
     """Replaces attn's q_proj, k_proj and v_proj by qkv_proj = make(nn.Linear d -> 3d) over
     [W_q; W_k; W_v] (k has no bias): three self-attention products as one. On CPU a 1-row
-    product costs mostly its call: fbgemm's int8 linear takes about 60 µs for 512 × 512 and
-    70 µs for 1536 × 512. Each output row is the same dot product as before (int8: the same
-    per-row scales, and one activation quantisation instead of three of the same input)."""
+    product costs mostly its fixed call overhead, so one product three times as wide costs
+    little more than one of the three (timings: docs/benchmarks.md). Each output row is the
+    same dot product as before (int8: the same per-row scales, and one activation
+    quantisation instead of three of the same input)."""
     q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
-    fused = nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
+    with no_init():  # overwritten below
+        fused = nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
         fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))

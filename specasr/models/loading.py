@@ -1,5 +1,10 @@
 """Loading a target Whisper model and its draft as one `ModelPair`.
 
+Models are specasr's own (`models.whisper.Whisper`), loaded from Hugging Face-layout
+directories without transformers: a hub id is downloaded with huggingface_hub (its
+config, generation config, tokenizer and safetensors), a CTranslate2 directory is
+converted once into the cache (`convert.py`, the one place transformers is used).
+
 A model spec is a preset name, a local Hugging Face directory, a local CTranslate2
 directory (converted once into the cache, see `specasr.models.convert`) or a hub id. A draft may
 also be `self:K`: the target's first K decoder layers with its final norm and tied output
@@ -10,22 +15,24 @@ drafts shipped in specasr/assets/drafts (the `base` preset's default draft).
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from huggingface_hub import hf_hub_download, try_to_load_from_cache
 from torch import nn
-from transformers import WhisperForConditionalGeneration
 
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
+from specasr.models.layers import no_init
+from specasr.models.whisper import Whisper, load_whisper
 from specasr.tokenizer import Tokenizer
+
+# what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
+HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "model*.safetensors*"]
 
 
 @dataclass(frozen=True)
@@ -78,8 +85,8 @@ def offline_files(preset: str) -> CT2Files:
 class ModelPair:
     """A target model, an optional draft sharing its vocabulary, and their tokenizer."""
 
-    target: WhisperForConditionalGeneration
-    draft: WhisperForConditionalGeneration | DistilledDraft | None
+    target: Whisper
+    draft: Whisper | DistilledDraft | None
     tokenizer: Tokenizer
     device: torch.device
     dtype: torch.dtype
@@ -102,21 +109,29 @@ class ModelPair:
             raise ValueError(f"expected mel [B, {self.n_mels}, frames], got {tuple(mel.shape)}")
         with torch.inference_mode():
             mel = mel.to(device=self.device, dtype=self.dtype)
-            states = self.target.model.encoder(mel).last_hidden_state
+            states = self.target.model.encoder(mel)
             if self.draft is None:
                 return states, None
             if self.shared_encoder:
                 return states, states
-            return states, self.draft.model.encoder(mel).last_hidden_state
+            return states, self.draft.model.encoder(mel)
 
 
 # ---- resolving one spec to (model, tokenizer) ------------------------------------------
-def _load_hf(
+def _load_dir(
     source: str | Path, tokenizer_file: str | Path, dtype: torch.dtype, device: torch.device
-) -> tuple[WhisperForConditionalGeneration, Tokenizer]:
-    model = WhisperForConditionalGeneration.from_pretrained(source, dtype=dtype)
-    model.to(device).eval().requires_grad_(False)
-    return model, Tokenizer.from_file(tokenizer_file)
+) -> tuple[Whisper, Tokenizer]:
+    return load_whisper(source, dtype, device), Tokenizer.from_file(tokenizer_file)
+
+
+def _hub_dir(repo_id: str) -> Path:
+    """A hub checkpoint's files in the local hub cache (downloaded when missing)."""
+    from huggingface_hub import snapshot_download
+
+    path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    if not any(path.glob("model*.safetensors")):  # an old checkpoint: weights only as a torch file
+        path = Path(snapshot_download(repo_id, allow_patterns=[*HUB_FILES, "pytorch_model.bin"]))
+    return path
 
 
 def _is_ct2_dir(d: Path) -> bool:
@@ -126,13 +141,11 @@ def _is_ct2_dir(d: Path) -> bool:
     return not cfg.is_file() or "architectures" not in json.loads(cfg.read_text())
 
 
-def _load_spec(
-    spec: str, dtype: torch.dtype, device: torch.device
-) -> tuple[WhisperForConditionalGeneration, Tokenizer]:
+def _load_spec(spec: str, dtype: torch.dtype, device: torch.device) -> tuple[Whisper, Tokenizer]:
     preset = PRESETS.get(spec)
     if preset is not None and preset.offline:
         hf_dir = cached_conversion(offline_files(spec))
-        return _load_hf(hf_dir, hf_dir / "tokenizer.json", dtype, device)
+        return _load_dir(hf_dir, hf_dir / "tokenizer.json", dtype, device)
     if preset is not None:
         spec = preset.target
     path = Path(spec).expanduser()
@@ -141,11 +154,12 @@ def _load_spec(
             path = cached_conversion(path)
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
-        return _load_hf(path, path / "tokenizer.json", dtype, device)
+        return _load_dir(path, path / "tokenizer.json", dtype, device)
     if path.exists() or spec.startswith((".", "/", "~")):
         raise FileNotFoundError(f"{spec!r} is not a model directory")
-    # A hub id: the real download path (served from the local HF cache when offline).
-    return _load_hf(spec, hf_hub_download(spec, "tokenizer.json"), dtype, device)
+    # A hub id: the real download path (served from the local hub cache when offline).
+    hub = _hub_dir(spec)
+    return _load_dir(hub, hub / "tokenizer.json", dtype, device)
 
 
 def packaged_draft(name: str) -> Path:
@@ -168,22 +182,20 @@ def _draft_file(spec: str | None) -> Path | None:
     return path if path.suffix == ".safetensors" and is_draft_file(path) else None
 
 
-def self_draft(target: WhisperForConditionalGeneration, k: int) -> WhisperForConditionalGeneration:
+def self_draft(target: Whisper, k: int) -> Whisper:
     """The target truncated to its first k decoder layers; every submodule IS the target's."""
     n = target.config.decoder_layers
     if not 1 <= k <= n:
         raise ValueError(f"self:{k} needs 1 <= k <= {n} (the target's decoder layers)")
-    cfg = copy.deepcopy(target.config)
-    cfg.decoder_layers = k
-    with torch.device("meta"):  # no weights are allocated; all are replaced below
-        draft = WhisperForConditionalGeneration(cfg)
+    with no_init():  # no weights are allocated; all are replaced below
+        draft = Whisper(replace(target.config, decoder_layers=k), target.generation, device="meta")
     src, dst = target.model.decoder, draft.model.decoder
     draft.model.encoder = target.model.encoder
     dst.embed_tokens, dst.embed_positions = src.embed_tokens, src.embed_positions
     dst.layers = nn.ModuleList(src.layers[:k])
     dst.layer_norm = src.layer_norm
     draft.proj_out = target.proj_out
-    draft.generation_config = copy.deepcopy(target.generation_config)
+    dst.use_head(target.proj_out)
     tensors = [*draft.named_parameters(), *draft.named_buffers()]
     meta = [name for name, t in tensors if t.is_meta]
     if meta:
@@ -193,8 +205,8 @@ def self_draft(target: WhisperForConditionalGeneration, k: int) -> WhisperForCon
 
 # ---- checks -----------------------------------------------------------------------------
 def check_same_vocabulary(
-    target: WhisperForConditionalGeneration,
-    draft: WhisperForConditionalGeneration,
+    target: Whisper,
+    draft: Whisper,
     t_tok: Tokenizer,
     d_tok: Tokenizer,
 ) -> None:
@@ -277,7 +289,7 @@ def load_pair(
         d_model.model.encoder = t_model.model.encoder
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
-    gen = t_model.generation_config
+    gen = t_model.generation
     return ModelPair(
         target=t_model,
         draft=d_model,
@@ -286,8 +298,8 @@ def load_pair(
         dtype=dtype,
         shared_encoder=shared,
         n_mels=t_model.config.num_mel_bins,
-        suppress_tokens=tuple(gen.suppress_tokens or ()),
-        begin_suppress_tokens=tuple(gen.begin_suppress_tokens or ()),
+        suppress_tokens=gen.suppress_tokens,
+        begin_suppress_tokens=gen.begin_suppress_tokens,
         target_name=target,
         draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
     )
@@ -300,6 +312,8 @@ def _available(preset: Preset) -> bool:
         except FileNotFoundError:
             return False
         return True
+    from huggingface_hub import try_to_load_from_cache
+
     ids = [preset.target] + ([preset.draft] if preset.draft and "/" in preset.draft else [])
     return all(isinstance(try_to_load_from_cache(i, "config.json"), str) for i in ids)
 

@@ -98,8 +98,8 @@ def main(model, draft, mode, batch_size, repeats, data, with_fw, device) -> None
     duration = len(rec.samples) / SAMPLE_RATE
     pair = load_pair(model, draft, device=device)
     base = TranscribeOptions()
-    ar = replace(base, decode=replace(base.decode, mode="autoregressive"))
-    spec = replace(base, decode=replace(base.decode, mode=mode))
+    ar = base.with_decode(mode="autoregressive")
+    spec = base.with_decode(mode=mode)
     configs = {
         "sequential, autoregressive": _ours(pair, ar),
         f"sequential, speculative ({mode}, {draft})": _ours(pair, spec),

@@ -2,14 +2,16 @@
 
     python -m specasr.research.speedup --model base --draft default --repeats 5 [--also 4:0 ...]
 
-One process, one run: (1) each LibriVox fixture as one 30 s window (`bench.run_bench`),
-(2) the long-form fixture (`longform_bench.long_recording`, the clips twice over with
-pauses, ~75 s) through the sequential long-form strategy with timestamps. Both interleave
-the autoregressive and speculative runs and report medians, so machine noise hits both
-alike. Long-form "end to end" is wall time from samples to segments (log-Mel, encoder,
-decoder, fallbacks); "decoder phase" is the summed decoding-loop time. `--also GAMMA:STOP`
-adds speculative configurations to the long-form rounds, each paired with the same
-autoregressive runs, for a side-by-side table.
+One process, one run: (1) each LibriVox fixture as one 30 s window
+(`specasr.research.bench.run_bench`), (2) the long-form fixture
+(`specasr.research.longform.long_recording`, the clips twice over with pauses, ~75 s)
+through the sequential long-form strategy with timestamps. Both interleave the
+autoregressive and speculative runs and report medians, so machine noise hits both alike.
+Long-form "end to end" is wall time from samples to segments (log-Mel, encoder, decoder,
+fallbacks); "decoder phase" is the summed decoding-loop time. `--also GAMMA:STOP` adds
+speculative configurations to the long-form rounds, each paired with the same
+autoregressive runs, for a side-by-side table. The results, stamped with command, machine
+and commit, are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def _long_form(
     from specasr.constants import SAMPLE_RATE
     from specasr.transcription import transcribe
 
-    ar_opts = replace(options, decode=replace(options.decode, mode="autoregressive"))
+    ar_opts = options.with_decode(mode="autoregressive")
 
     def run(opts):
         t0 = time.perf_counter()
@@ -128,7 +130,7 @@ class StepCosts:
     the Hugging Face module it replaces on CPU), and one draft step."""
 
     target: dict[int, float]
-    transformers: dict[int, float] = field(default_factory=dict)
+    eager: dict[int, float] = field(default_factory=dict)  # the model's own layers, no CPU forms
     draft: float | None = None
 
     def verify_curve(self) -> dict[int, float]:
@@ -137,7 +139,7 @@ class StepCosts:
 
     def table(self) -> str:
         rows = [(f"target k={k}", ms) for k, ms in self.target.items()]
-        rows += [(f"target k={k}, transformers module", ms) for k, ms in self.transformers.items()]
+        rows += [(f"target k={k}, eager layers", ms) for k, ms in self.eager.items()]
         rows += [] if self.draft is None else [("draft step", self.draft)]
         return "| pass | ms |\n|---|---|\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in rows)
 
@@ -147,8 +149,8 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> StepCosts
     one draft step."""
     import torch
 
-    from specasr.cpu.lean import LeanDecoder
-    from specasr.decode.runners import DecoderRunner, make_runner
+    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    from specasr.decode.runners import make_runner
 
     target_states, draft_states = pair.encode(mel)
     prefix = torch.tensor([pair.tokenizer.sot_sequence("en", "transcribe", False)], device=pair.device)
@@ -165,8 +167,8 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> StepCosts
         return 1e3 * statistics.median(times)
 
     costs = StepCosts({k: median_ms(make_runner(pair.target, target_states), k) for k in ks})
-    if LeanDecoder.supports(pair.target):  # the Hugging Face module it replaces, for comparison
-        costs.transformers = {k: median_ms(DecoderRunner(pair.target, target_states), k) for k in ks}
+    if LeanDecoder.supports(pair.target):  # the eager layers the CPU forms replace, for comparison
+        costs.eager = {k: median_ms(LeanRunner(pair.target.model.decoder, target_states), k) for k in ks}
     if pair.draft is not None:
         costs.draft = median_ms(make_runner(pair.draft, draft_states), 1)
     return costs
@@ -176,7 +178,31 @@ def _or_unreachable(x: float | None) -> str:
     return "unreachable" if x is None else f"{x:.3f}"
 
 
-def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class Bounds:
+    """What decoding could reach at the measured α̂, c and verification curve v(k), and what
+    a decoder-phase `goal` and an end-to-end `e2e_goal` would take (see `bounds`)."""
+
+    verify: dict[int, float]  # v(k) = pass over k tokens ÷ pass over 1
+    goal: float  # decoder-phase speedup asked for
+    e2e_goal: float  # end-to-end speedup asked for
+    loop: float  # best fixed-γ loop speedup at α̂, c and v (gamma.best_speedup)
+    loop_gamma: int  # the γ that reaches it
+    window_s: float  # F: per-window work of the autoregressive decoder phase, seconds
+    decoder_s: float  # D: the autoregressive decoder phase, seconds
+    phase: float  # best fixed-γ decoder-phase speedup: D / (F + (D − F) / loop)
+    end_to_end: float  # best fixed-γ end-to-end speedup: W / (W − D + D / phase)
+    need_alpha: float | None  # α̂ that `goal` needs at this c and v; None: unreachable
+    need_c: float | None  # c that `goal` needs at this α̂ and v; None: unreachable
+    need_alpha_e2e: float | None  # α̂ that `e2e_goal` needs at this c and v; None: unreachable
+
+    @property
+    def window_share(self) -> float:
+        """F / D: the share of the decoder phase that speculation does not shorten."""
+        return self.window_s / self.decoder_s
+
+
+def bounds(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float) -> Bounds:
     """What decoding could reach at the measured α̂, c and verification curve v(k), and what
     a decoder-phase `goal` and an end-to-end `e2e_goal` would take. The loop's best is
     gamma.best_speedup (no overhead), for drafts that always run to γ: the confidence stop
@@ -184,7 +210,9 @@ def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float
     phase adds back the per-window work both modes do alike (runner set-up with the cross
     K/V, the first pass over the prompt), measured in the autoregressive runs:
     D / (F + (D − F) / loop best). End to end adds the log-Mel and encoder time, which
-    speculation does not change."""
+    speculation does not change.
+
+    lf: `_long_form`'s measurements (ar_decoder D, ar_window F, ar_wall W, token_alpha, c)."""
 
     from specasr.decode.gamma import best_speedup, crossing
 
@@ -198,19 +226,41 @@ def _bound_rows(lf: dict, verify: dict[int, float], goal: float, e2e_goal: float
 
     alpha, c = lf["token_alpha"], lf["c"]
     loop, g = best_speedup(alpha, c, verify)
-    need_a = crossing(goal, lambda a: phase(a, c), 0.0, 0.999)
-    need_c = crossing(goal, lambda x: phase(alpha, x), 0.0, 1.0)
-    need_a_e2e = crossing(e2e_goal, lambda a: end_to_end(a, c), 0.0, 0.999)
-    curve = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(verify.items()))
+    return Bounds(
+        verify=dict(verify),
+        goal=goal,
+        e2e_goal=e2e_goal,
+        loop=loop,
+        loop_gamma=g,
+        window_s=F,
+        decoder_s=D,
+        phase=phase(alpha, c),
+        end_to_end=end_to_end(alpha, c),
+        need_alpha=crossing(goal, lambda a: phase(a, c), 0.0, 0.999),
+        need_c=crossing(goal, lambda x: phase(alpha, x), 0.0, 1.0),
+        need_alpha_e2e=crossing(e2e_goal, lambda a: end_to_end(a, c), 0.0, 0.999),
+    )
+
+
+def _bound_rows(b: Bounds) -> list[tuple[str, str]]:
+    """`bounds` as (label, value) rows of the long-form table."""
+    curve = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(b.verify.items()))
+    goal, e2e_goal = b.goal, b.e2e_goal
     return [
         ("verification cost v(k) = pass over k tokens ÷ pass over 1", curve),
-        ("best fixed-γ loop speedup at this α̂, c and v (gamma.best_speedup)", f"{loop:.2f}× at γ = {g}"),
-        ("per-window share of the autoregressive decoder phase", f"{F / D:.2f} ({F:.2f} of {D:.2f} s)"),
-        ("best fixed-γ decoder-phase speedup at this α̂, c and v", f"{phase(alpha, c):.2f}×"),
-        (f"α̂ for {goal}× decoder phase at this c and v", _or_unreachable(need_a)),
-        (f"c for {goal}× decoder phase at this α̂ and v", _or_unreachable(need_c)),
-        ("best fixed-γ end-to-end speedup at this α̂, c and v", f"{end_to_end(alpha, c):.2f}×"),
-        (f"α̂ for {e2e_goal}× end to end at this c and v", _or_unreachable(need_a_e2e)),
+        (
+            "best fixed-γ loop speedup at this α̂, c and v (gamma.best_speedup)",
+            f"{b.loop:.2f}× at γ = {b.loop_gamma}",
+        ),
+        (
+            "per-window share of the autoregressive decoder phase",
+            f"{b.window_share:.2f} ({b.window_s:.2f} of {b.decoder_s:.2f} s)",
+        ),
+        ("best fixed-γ decoder-phase speedup at this α̂, c and v", f"{b.phase:.2f}×"),
+        (f"α̂ for {goal}× decoder phase at this c and v", _or_unreachable(b.need_alpha)),
+        (f"c for {goal}× decoder phase at this α̂ and v", _or_unreachable(b.need_c)),
+        ("best fixed-γ end-to-end speedup at this α̂, c and v", f"{b.end_to_end:.2f}×"),
+        (f"α̂ for {e2e_goal}× end to end at this c and v", _or_unreachable(b.need_alpha_e2e)),
     ]
 
 
@@ -260,15 +310,13 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
     for spec in also:
         g, _, stop = spec.partition(":")
         try:
-            d = replace(
-                lf_opts.decode,
+            others[f"γ {g}, stop {float(stop or 0):g}"] = lf_opts.with_decode(
                 gamma=int(g),
                 gamma_max=max(lf_opts.decode.gamma_max, int(g)),
                 draft_stop=float(stop or 0),
             )
         except ValueError as e:
             raise click.BadParameter(f"{spec!r}: {e}", param_hint="--also") from e
-        others[f"γ {g}, stop {float(stop or 0):g}"] = replace(lf_opts, decode=d)
     name = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
     lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats, others, name)
     rows = [
@@ -289,7 +337,7 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
         ("cost ratio c", f"{lf['c']:.3f}"),
         ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
     ]
-    rows += _bound_rows(lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2)
+    rows += _bound_rows(bounds(lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2))
     click.echo("### Long-form fixture, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
     if others:

@@ -1,15 +1,12 @@
-"""The `exact` verifier: a fused torch path for CPU and fused Triton kernels for CUDA.
+"""The `exact` verifier's fused Triton kernels for CUDA, and `launch`, their wrapper.
 
-Both return the same (n_accepted, next_token) as `reference.baseline` on the same inputs,
+`launch` returns the same (n_accepted, next_token) as `reference.baseline` on the same inputs,
 up to fp32 rounding in exp and in the log-sum-exp reduction order (the tests check equality).
+The design (per-row log-sum-exp, a pass over V only for the sampled row pair, the exponential
+race) is explained in `exact_torch`, the CPU path of the same mode; `sigmoid` reuses
+`_residual_kernel` with SIGMOID=True.
 
-Design. The ratio test needs only each row's log-sum-exp and the two logits at the drafted
-token: p_i(d_i) / q_i(d_i) = exp((t_i[d_i] − lse_t_i) − (s_i[d_i] − lse_s_i)) with t, s the
-target and draft logits / T. A pass over V is needed only for the one row pair that is sampled
-from (first rejection, or the bonus row G), and the exponential race argmax(w / E) samples
-from the residual w without its normaliser.
-
-Triton kernels (at most two launches per verify call; no host synchronisation):
+Kernels (at most two launches per verify call; no host synchronisation):
   T > 0, launch 1  `_lse_kernel`, grid (B, 2G+1, cdiv(V, BLOCK_LSE)): one program per
                    (row, vocabulary tile) reads its tile once and writes the tile's
                    log-sum-exp. Work is spread over rows *and* tiles, so B = 1 fills the GPU.
@@ -28,7 +25,8 @@ Bytes moved per call (s = logit itemsize; lower bound B(2G+1)V·s, every logit r
   B·4V of fp32 noise (an input; the bound leaves it out), 2G gathered logits and the partials.
   Total ≈ B[(2G+3)V·s + 4V]: at G = 5, fp16, 1.18× the bound excluding the L2 re-read and
   1.36× counting it. The paper's code instead writes and re-reads p, q, p/q and p − q in
-  fp32 for every row, about B(2G+1)V·(s + 16) bytes.
+  fp32 for every row, about B(2G+1)V·(s + 16) bytes. Measured times and bandwidths are in
+  docs/benchmarks.md.
 """
 
 import torch
@@ -39,100 +37,15 @@ from ._common import (
     _scaled,
     _sigmoid_prob,
     arrival_counters,
-    first_argmax,
     next_pow2,
     tl,
     triton,
 )
-from .reference import accepted_count, noise_at, sample_residual
 
 BLOCK_LSE = 4096  # vocabulary tile of the read-everything kernels (launch 1, greedy)
 BLOCK_RES = 2048  # vocabulary tile of the residual kernel: more programs for one row at B = 1
 NUM_WARPS = 8
 N_RACE = 5  # per-tile race partial: (max w/E, its index, max p/E, its index, max w)
-
-
-def exact_torch(
-    target_logits: torch.Tensor,  # [B, G+1, V]
-    draft_logits: torch.Tensor,  # [B, G, V]
-    draft_tokens: torch.Tensor,  # [B, G] int64
-    uniforms: torch.Tensor,  # [B, G]
-    noise: torch.Tensor,  # [B, V] or [B, G+1, V]
-    *,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused torch path: p and q over V exist only for row n; one pass of exp over the rest.
-
-    All 2G+1 rows live in one fp32 buffer that is turned in place into u = exp(z − max z):
-    the ratio test needs u at the drafted tokens and the row sums, and row n's p and q are
-    u / sum. Target and draft rows share one reduction, so p == q stays bitwise exact when
-    their logits are equal. Every row must have a finite logit (a sampled row always does).
-
-    On CPU the draw from row n is per batch row with host scalars (reading n costs nothing
-    there): the race is over w / a = u_t − (a_d / a_t) u_d, one pass, with a_t = 1/Σu_t and
-    a_d = 1/Σu_d; scaling w by 1/a_t changes no argmax. Elsewhere it stays vectorised, with
-    no host synchronisation.
-    """
-    if temperature == 0:
-        return greedy_fast(target_logits, draft_tokens)
-    B, G = draft_tokens.shape
-    V = target_logits.shape[-1]
-    u = torch.empty(B, 2 * G + 1, V, dtype=torch.float32, device=target_logits.device)
-    for rows, logits in ((slice(0, G + 1), target_logits), (slice(G + 1, None), draft_logits)):
-        if logits.dtype != torch.float32:  # upcast in place first: mixed-dtype ops are slow on CPU
-            logits = u[:, rows].copy_(logits)
-        top = logits.amax(dim=-1, keepdim=True)  # max z = max(logits) / T, as /T is monotone
-        torch.add(-top / temperature, logits, alpha=1.0 / temperature, out=u[:, rows])  # z − max z
-    u.exp_()  # u = exp(z − max z), rows 0..G target, G+1..2G draft
-    inv_sum = u.sum(dim=-1).reciprocal_()  # [B, 2G+1] 1 / Σ_v u
-    tok = draft_tokens.unsqueeze(-1)  # [B, G, 1]
-    at_tok = u.gather(-1, torch.cat([tok, tok[:, :1], tok], dim=1)).squeeze(-1) * inv_sum  # [B, 2G+1]
-    p_tok, q_tok = at_tok[:, :G], at_tok[:, G + 1 :]  # [B, G] p_i(d_i), q_i(d_i)
-    n = accepted_count(uniforms <= p_tok / q_tok)  # [B]
-    if u.device.type == "cpu":
-        return n, _draw_cpu(u, inv_sum, n, noise, G)
-    rows = torch.arange(B, device=u.device)
-    p_n = u[rows, n] * inv_sum[rows, n, None]  # [B, V]
-    d_row = G + 1 + n.clamp(max=G - 1)  # draft row n (any draft row when n = G: zeroed)
-    q_n = u[rows, d_row] * (inv_sum[rows, d_row] * (n < G).float())[:, None]  # [B, V]; q_G := 0
-    return n, sample_residual(p_n, q_n, noise_at(noise, n))
-
-
-def _draw_cpu(
-    u: torch.Tensor,  # [B, 2G+1, V] exp(z − max z), overwritten
-    inv_sum: torch.Tensor,  # [B, 2G+1]
-    n: torch.Tensor,  # [B]
-    noise: torch.Tensor,  # [B, V] or [B, G+1, V]
-    G: int,
-) -> torch.Tensor:
-    """`sample_residual` on CPU, one batch row at a time: [B] int64, the same draw.
-
-    Three passes over V per row (subtract, divide, argmax) where the vectorised form takes
-    about eight, and no row copies: row n is a view of u.
-    """
-    inv = inv_sum.tolist()
-    tokens = []
-    for b, n_b in enumerate(n.tolist()):
-        e = (noise[b] if noise.dim() == 2 else noise[b, n_b]).float()  # [V] Exp(1)
-        p_row = u[b, n_b]  # [V] ∝ p_n
-        if n_b == G:  # bonus token: the residual is p_G itself
-            tokens.append(int(first_argmax(p_row.div_(e))))
-            continue
-        d = G + 1 + n_b
-        race = torch.add(p_row, u[b, d], alpha=-(inv[b][d] / inv[b][n_b])).div_(e)  # [V] ∝ (p − q) / E
-        i = int(first_argmax(race))
-        if not race[i] > 0:  # max(0, p − q) ≡ 0 (p == q): draw from p_n instead
-            i = int(first_argmax(p_row / e))
-        tokens.append(i)
-    return torch.tensor(tokens, dtype=torch.long)
-
-
-def greedy_fast(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.greedy` with the faster CPU argmax: same (n, next_token) bit for bit."""
-    G = draft_tokens.shape[1]
-    best = first_argmax(target_logits).to(draft_tokens.device)  # [B, G+1]
-    n = (draft_tokens == best[:, :G]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
-    return n, best.gather(1, n[:, None]).squeeze(1)
 
 
 @triton.jit
@@ -350,7 +263,12 @@ def launch(
     temperature: float,
     sigmoid_scale: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the Triton verifier: exact (sigmoid_scale None) or sigmoid; [B] int64 twice."""
+    """Run the Triton verifier: exact (sigmoid_scale None) or sigmoid; [B] int64 twice.
+
+    Shapes and dtypes are those `_common.check_inputs` validates (`verify` calls it first);
+    here the device is checked, rows get unit stride, and the outputs and workspaces are
+    allocated without host synchronisation.
+    """
     if not HAS_TRITON:
         raise RuntimeError("backend='triton' needs the triton package")
     if target_logits.device.type != "cuda" and not INTERPRETED:

@@ -1,0 +1,337 @@
+"""specasr's own Whisper: encoder, decoder and tied head as plain torch modules.
+
+One family for the target and for drafts. Parameter names equal Hugging Face's
+`WhisperForConditionalGeneration` (`model.encoder.*`, `model.decoder.*`, `proj_out` tied to
+`model.decoder.embed_tokens`), so a Hugging Face checkpoint's safetensors load as they are,
+and `WhisperDims` reads its `config.json` keys. Nothing here imports transformers: it is
+needed only to convert checkpoints, and as the tests' reference.
+
+The decoder's layers are `layers.DecoderLayer`, which runs with a preallocated,
+position-indexed KV cache (`specasr.cpu.lean.LeanRunner`); on a CPU in fp32 the target runs
+through `LeanDecoder`, the same layers with faster product forms.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specasr.models.layers import Attention, DecoderLayer, no_init
+
+
+@dataclass
+class WhisperDims:
+    """A Whisper checkpoint's sizes, under Hugging Face's config.json names."""
+
+    vocab_size: int
+    num_mel_bins: int
+    d_model: int
+    encoder_layers: int
+    decoder_layers: int
+    encoder_attention_heads: int
+    decoder_attention_heads: int
+    encoder_ffn_dim: int
+    decoder_ffn_dim: int
+    max_source_positions: int = 1500
+    max_target_positions: int = 448
+    activation_function: str = "gelu"
+    model_type: str = "whisper"
+
+    @classmethod
+    def from_dict(cls, config: dict) -> WhisperDims:
+        if config.get("model_type", "whisper") != "whisper":
+            raise ValueError(f"not a Whisper config: model_type {config.get('model_type')!r}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        if missing := [n for n in required if n not in config]:
+            raise ValueError(f"the Whisper config lacks {missing}")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in config.items() if k in names})
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> WhisperDims:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass
+class Generation:
+    """The decoding defaults a checkpoint ships (generation_config.json)."""
+
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    alignment_heads: tuple[tuple[int, int], ...] = ()  # (layer, head) pairs for word timing
+
+    @classmethod
+    def from_file(cls, path: str | Path | None) -> Generation:
+        if path is None or not Path(path).is_file():
+            return cls()
+        cfg = json.loads(Path(path).read_text())
+        return cls(
+            tuple(cfg.get("suppress_tokens") or ()),
+            tuple(cfg.get("begin_suppress_tokens") or ()),
+            tuple(tuple(h) for h in cfg.get("alignment_heads") or ()),
+        )
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm self-attention and GELU feed-forward (names as transformers' WhisperEncoderLayer)."""
+
+    def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.self_attn = Attention(d, device)
+        self.self_attn_layer_norm = nn.LayerNorm(d, device=device)
+        self.final_layer_norm = nn.LayerNorm(d, device=device)
+        self.fc1, self.fc2 = nn.Linear(d, ffn, device=device), nn.Linear(ffn, d, device=device)
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
+        return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [B, S, d] -> [B, S, d]."""
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q = self._split(a.q_proj(h) * self.dh**-0.5)  # scaled before the product, as Whisper does
+        y = F.scaled_dot_product_attention(q, self._split(a.k_proj(h)), self._split(a.v_proj(h)), scale=1.0)
+        x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
+        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:  # fp16 overflow guard, as the reference implementation has
+            bound = torch.finfo(x.dtype).max - 1000
+            x = torch.where(torch.isinf(x) | torch.isnan(x), x.clamp(-bound, bound), x)
+        return x
+
+
+class WhisperEncoder(nn.Module):
+    def __init__(self, dims: WhisperDims, device=None) -> None:
+        super().__init__()
+        d, kw = dims.d_model, {"device": device}
+        self.conv1 = nn.Conv1d(dims.num_mel_bins, d, kernel_size=3, padding=1, **kw)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1, **kw)
+        self.embed_positions = nn.Embedding(dims.max_source_positions, d, **kw)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, dims.encoder_attention_heads, dims.encoder_ffn_dim, device)
+            for _ in range(dims.encoder_layers)
+        )
+        self.layer_norm = nn.LayerNorm(d, **kw)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        """mel [B, n_mels, 2·S] -> encoder states [B, S, d] (S = 1500 for 30 s windows)."""
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).permute(0, 2, 1)
+        if x.shape[1] != self.embed_positions.num_embeddings:
+            raise ValueError(
+                f"expected {2 * self.embed_positions.num_embeddings} mel frames, got {mel.shape[-1]}"
+            )
+        x = x + self.embed_positions.weight
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class WhisperDecoder(nn.Module):
+    """Token and position embeddings, `DecoderLayer`s, the final norm; the interface
+    `LeanRunner` runs (`layers`, `heads`, `d_model`, `embed`, `logits`)."""
+
+    def __init__(self, dims: WhisperDims, device=None) -> None:
+        super().__init__()
+        d, kw = dims.d_model, {"device": device}
+        self.d_model, self.heads = d, dims.decoder_attention_heads
+        self.embed_tokens = nn.Embedding(dims.vocab_size, d, **kw)
+        self.embed_positions = nn.Embedding(dims.max_target_positions, d, **kw)
+        self.layers = nn.ModuleList(
+            DecoderLayer(d, dims.decoder_attention_heads, dims.decoder_ffn_dim, device)
+            for _ in range(dims.decoder_layers)
+        )
+        self.layer_norm = nn.LayerNorm(d, **kw)
+        self.head: nn.Module | None = None  # the model's output projection (`use_head`)
+
+    def use_head(self, head: nn.Module) -> None:
+        """Projects with `head`, the owning model's `proj_out`: held, not registered as a
+        submodule, so its weight has one name in the state dict."""
+        object.__setattr__(self, "head", head)
+
+    def embed(self, tokens: Tensor, start: int) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
+        return self.embed_tokens.weight[tokens] + self.embed_positions.weight[start : start + tokens.shape[1]]
+
+    def logits(self, x: Tensor) -> Tensor:
+        """x [B, T, d] -> logits [B, T, V]."""
+        return self.head(self.layer_norm(x))
+
+    def forward(self, tokens: Tensor, states: Tensor) -> Tensor:
+        """Teacher forcing from position 0: tokens [B, T], states [B, S, d] -> hidden [B, T, d]
+        after the final norm (the tied head turns it into logits)."""
+        x = self.embed(tokens, 0)
+        T = tokens.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        for layer in self.layers:
+            x = layer(x, *layer.cross_kv(states), mask)
+        return self.layer_norm(x)
+
+
+class _Body(nn.Module):
+    def __init__(self, dims: WhisperDims, device=None) -> None:
+        super().__init__()
+        self.encoder = WhisperEncoder(dims, device)
+        self.decoder = WhisperDecoder(dims, device)
+
+
+class Whisper(nn.Module):
+    """The whole model, with Hugging Face's parameter names. `config` is its `WhisperDims`.
+    The output projection is tied to the token embedding, as in every Whisper checkpoint;
+    `tied=False` gives it its own weight (test models)."""
+
+    def __init__(
+        self, dims: WhisperDims, generation: Generation | None = None, tied: bool = True, device=None
+    ) -> None:
+        """device "meta" builds the module tree without allocating weights (then load them)."""
+        super().__init__()
+        self.config = dims
+        self.generation = generation or Generation()
+        self.model = _Body(dims, device)
+        self.proj_out = nn.Linear(dims.d_model, dims.vocab_size, bias=False, device=device)
+        if tied:
+            self.proj_out.weight = self.model.decoder.embed_tokens.weight
+        self.model.decoder.use_head(self.proj_out)
+
+    @property
+    def encoder(self) -> WhisperEncoder:
+        return self.model.encoder
+
+    @property
+    def decoder(self) -> WhisperDecoder:
+        return self.model.decoder
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_safetensors(
+    path: str | Path, dtype: torch.dtype | None = None, skip: set[str] | frozenset = frozenset()
+) -> dict[str, Tensor]:
+    """A safetensors file's tensors, read one at a time into their final dtype (floating
+    tensors cast to `dtype` when given). The file is read, not mapped: the process holds
+    the result plus one stored tensor at a time, never a second copy of the whole file."""
+    out: dict[str, Tensor] = {}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        base = 8 + n
+        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            if name in skip:
+                continue
+            stored = _SAFETENSORS_DTYPES[info["dtype"]]
+            start, end = info["data_offsets"]
+            t = torch.empty(info["shape"], dtype=stored)
+            f.seek(base + start)
+            if end > start and f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy())) != end - start:
+                raise ValueError(f"{path}: tensor {name} is truncated")
+            out[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    return out
+
+
+# The decoder's matrices (and the tied token embedding, which is its output head) as Wᵀ [in, out]:
+# the layout the CPU decoder multiplies by (`specasr.cpu.linear.TransposedLinear`). The
+# conversion cache stores them beside the weights, so a CPU load reads them in place instead of
+# transposing 200 MB (base) on every start; a model's Linear then holds Wᵀ's transposed view.
+TRANSPOSED_FILE = "transposed.safetensors"
+_TRANSPOSED = re.compile(
+    r"^model\.decoder\.(layers\.\d+\.((self_attn|encoder_attn)\.(q|k|v|out)_proj|fc1|fc2)|embed_tokens)\.weight$"
+)
+
+
+def write_transposed(directory: Path, tensors: dict[str, Tensor]) -> None:
+    """Writes the decoder's matrices of `tensors` as Wᵀ into directory/TRANSPOSED_FILE."""
+    from safetensors.torch import save_file
+
+    wts = {k: t.t().contiguous() for k, t in tensors.items() if _TRANSPOSED.match(k)}
+    save_file(wts, str(directory / TRANSPOSED_FILE), metadata={"format": "pt", "layout": "transposed"})
+
+
+def tensors_from_checkpoint(directory: Path, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """A Hugging Face checkpoint directory's tensors (floating ones in `dtype`): from
+    model.safetensors, its sharded form (model.safetensors.index.json), or pytorch_model.bin."""
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return read_safetensors(single, dtype)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, Tensor] = {}
+        for shard in shards:
+            out.update(read_safetensors(directory / shard, dtype))
+        return out
+    legacy = directory / "pytorch_model.bin"
+    if legacy.is_file():
+        tensors = torch.load(legacy, map_location="cpu", mmap=True, weights_only=True)
+        return {
+            k: t.to(dtype) if dtype is not None and t.is_floating_point() else t for k, t in tensors.items()
+        }
+    raise FileNotFoundError(f"{directory} has no model.safetensors or pytorch_model.bin")
+
+
+def from_tensors(
+    dims: WhisperDims,
+    tensors: dict[str, Tensor],
+    generation: Generation | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Whisper:
+    """Hugging Face-named tensors -> `Whisper` in `dtype` on `device`, eval mode, no gradients.
+    `proj_out.weight` may be absent (tied); a different one makes an untied head."""
+    embed = "model.decoder.embed_tokens.weight"
+    tensors = dict(tensors)
+    head = tensors.pop("proj_out.weight", None)
+    tied = head is None or head is tensors.get(embed) or torch.equal(head, tensors[embed])
+    with no_init():  # the weights are loaded below: neither allocate nor initialise them
+        model = Whisper(dims, generation, tied=tied, device="meta")
+    expected = set(model.state_dict()) - {"proj_out.weight"}
+    if set(tensors) != expected:
+        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        raise ValueError(
+            f"the weights do not fit a Whisper of this config: missing {missing[:4]}, unexpected {extra[:4]}"
+        )
+    for name in list(tensors):  # one tensor at a time: the peak is the model plus one tensor
+        tensors[name] = tensors[name].to(device=device, dtype=dtype)
+    tensors["proj_out.weight"] = tensors[embed] if tied else head.to(device=device, dtype=dtype)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    if tied:
+        model.proj_out.weight = model.model.decoder.embed_tokens.weight  # one Parameter
+    return model.eval().requires_grad_(False)
+
+
+def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device) -> Whisper:
+    """A Hugging Face Whisper checkpoint directory -> `Whisper` in `dtype` on `device`."""
+    d = Path(directory)
+    dims = WhisperDims.from_file(d / "config.json")
+    generation = Generation.from_file(d / "generation_config.json")
+    side = d / TRANSPOSED_FILE
+    if (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and side.is_file()
+        and (d / "model.safetensors").is_file()
+    ):
+        tensors = {k: wt.t() for k, wt in read_safetensors(side, dtype).items()}  # [out, in] views of Wᵀ
+        tensors |= read_safetensors(d / "model.safetensors", dtype, skip=set(tensors))
+    else:
+        tensors = tensors_from_checkpoint(d, dtype if device.type == "cpu" else None)
+    return from_tensors(dims, tensors, generation, dtype=dtype, device=device)

@@ -1,0 +1,132 @@
+"""The package's shape: few top-level modules, no import cycles, a lazy top-level API."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {
+    "specasr": ROOT / "specasr",
+    "specasr.kernels": ROOT / "kernels",
+    "specasr.apps": ROOT / "apps",
+    "specasr.recipes": ROOT / "recipes",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every project module by import name."""
+    out = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            if package == "specasr" and rel[0] in ("kernels", "apps", "recipes"):
+                continue
+            parts = rel[:-1] if rel[-1] == "__init__" else rel
+            out[".".join((package, *parts))] = path
+    return out
+
+
+def _imports_at_load(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules imported when `name` is loaded: module-level imports only (imports
+    inside functions run later and cannot make a load-time cycle), TYPE_CHECKING excluded."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body + node.orelse + getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                subs = {f"{base}.{a.name}" for a in node.names} & known  # `from . import exact`
+                found.update(subs or {base})
+
+    visit(tree.body)
+    deps = set()
+    for mod in found:
+        while mod and mod not in known:
+            mod = mod.rpartition(".")[0]
+        # a module's own packages are already loading when it runs: not a dependency
+        if mod and mod != name and not name.startswith(mod + "."):
+            deps.add(mod)
+    return deps
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: _imports_at_load(name, path, set(modules)) for name, path in modules.items()}
+    assert "specasr.decode.step" in graph["specasr.decode.loop"]  # the parser sees real imports
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_at_most_ten_modules_directly_under_specasr():
+    top = sorted(p.name for p in (ROOT / "specasr").glob("*.py"))
+    assert len(top) <= 10, top
+
+
+def test_top_level_api_is_lazy():
+    """`import specasr` loads neither torch nor transformers; the names resolve on use."""
+    probe = (
+        "import sys, specasr\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "from specasr import DecodeOptions, TranscribeOptions, load_pair, transcribe, transcribe_clip\n"
+        "print(DecodeOptions.__module__, load_pair.__module__, transcribe.__module__, callable(transcribe))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "False",
+        "False",
+        "specasr.options",
+        "specasr.models.loading",
+        "specasr.transcription",
+        "True",
+    ]

@@ -1,0 +1,141 @@
+"""specasr's own Whisper modules against transformers, the reference implementation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hf_oracle import hf_config, hf_twin
+from tiny_pairs import random_tiny_pair
+
+from specasr.decode.loop import decode
+from specasr.models.convert import cached_conversion
+from specasr.models.loading import load_pair, offline_files
+from specasr.models.whisper import TRANSPOSED_FILE, load_whisper, read_safetensors
+from specasr.options import DecodeOptions
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """A random tiny Whisper saved by transformers' save_pretrained, with a real tokenizer:
+    what a local Hugging Face directory (or a hub snapshot) looks like."""
+    from transformers import WhisperForConditionalGeneration
+
+    pair = random_tiny_pair(seed=11)
+    cfg = hf_config(pair.target.config, pair.tokenizer)
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(cfg).eval()
+    model.generation_config = hf_twin(pair.target, pair.tokenizer).generation_config
+    out = tmp_path_factory.mktemp("hf-tiny")
+    model.save_pretrained(out)
+    (out / "tokenizer.json").write_bytes(offline_files("base").tokenizer.read_bytes())
+    return out, model
+
+
+def _mel(batch: int = 2) -> torch.Tensor:
+    return torch.randn(batch, 80, 3000, generator=torch.Generator().manual_seed(5))  # [B, 80, 3000]
+
+
+def test_local_hf_directory_loads_and_matches_transformers(saved_tiny):
+    path, ref = saved_tiny
+    pair = load_pair(str(path), draft=None, device="cpu")
+    assert type(pair.target).__module__ == "specasr.models.whisper"
+    mel = _mel()
+    with torch.inference_mode():
+        ours = pair.target.model.encoder(mel)  # [2, 1500, 64]
+        theirs = ref.model.encoder(mel).last_hidden_state
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    # greedy tokens equal transformers' generate (the lean CPU decoder and the eager one alike)
+    opts = DecodeOptions(
+        mode="autoregressive", max_new_tokens=12, suppress_tokens=False, suppress_blank=False
+    )
+    tokens = [r.tokens for r in decode(pair, mel, opts)]
+    with torch.inference_mode():
+        out = ref.generate(
+            input_features=mel,
+            do_sample=False,
+            max_new_tokens=12,
+            language="en",
+            task="transcribe",
+            suppress_tokens=None,
+            begin_suppress_tokens=None,
+        )
+    eot = pair.tokenizer.eot
+    expected = [[t for t in row.tolist() if t < eot][: len(ours_row)] for row, ours_row in zip(out, tokens)]
+    assert tokens == expected and all(len(row) == 12 for row in tokens)
+
+
+@pytest.mark.slow  # real weights
+def test_encoder_states_of_base_match_transformers():
+    """Real weights: encoder states within 1e-4 relative of transformers' on the same mel."""
+    from transformers import WhisperForConditionalGeneration
+
+    directory = cached_conversion(offline_files("base"))
+    ours = load_whisper(directory, torch.float32, torch.device("cpu"))
+    ref = WhisperForConditionalGeneration.from_pretrained(directory).eval()
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(2)) * 0.5
+    with torch.inference_mode():
+        a = ours.model.encoder(mel)
+        b = ref.model.encoder(mel).last_hidden_state
+    rel = (a - b).norm() / b.norm()
+    assert rel < 1e-4, float(rel)
+
+
+@pytest.mark.slow  # real weights
+def test_transposed_cache_holds_the_same_weights():
+    directory = cached_conversion(offline_files("tiny.en"))
+    side = read_safetensors(directory / TRANSPOSED_FILE)
+    main = read_safetensors(directory / "model.safetensors", skip=set())
+    assert side and all(torch.equal(wt.t(), main[k]) for k, wt in side.items())
+    assert any("embed_tokens" in k for k in side) and not any(k.startswith("model.encoder.") for k in side)
+    model = load_whisper(directory, torch.float32, torch.device("cpu"))
+    layer = model.model.decoder.layers[0].self_attn.q_proj.weight
+    assert layer.t().is_contiguous()  # the model holds Wᵀ's view: no second copy to build
+    assert torch.equal(layer, main["model.decoder.layers.0.self_attn.q_proj.weight"])
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused(saved_tiny, tmp_path):
+    path, _ = saved_tiny
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        (tmp_path / name).write_bytes((path / name).read_bytes())
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["decoder_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="missing"):
+        load_pair(str(tmp_path), draft=None)
+
+
+def test_importing_the_pipeline_does_not_import_transformers():
+    probe = (
+        "import sys\n"
+        "import specasr.transcription, specasr.cli, specasr.models.loading\n"
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # real weights
+def test_loading_the_packaged_model_does_not_import_transformers():
+    probe = (
+        "import sys, specasr\n"
+        "from specasr.models.convert import cached_conversion\n"
+        "from specasr.models.loading import offline_files\n"
+        "cached_conversion(offline_files('tiny.en'))\n"  # converted by another test or here
+        "sys.modules.pop('transformers', None)\n"
+        "import builtins\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.startswith('transformers'): raise AssertionError('transformers imported')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "pair = specasr.load_pair('tiny.en', draft=None)\n"
+        "print(type(pair.target).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "Whisper"

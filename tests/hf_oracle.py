@@ -16,20 +16,24 @@ _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def hf_config(dims, tokenizer):
     """A WhisperConfig with `dims` (specasr.models.whisper.WhisperDims)."""
+    from transformers import WhisperConfig
+
     from specasr.models.convert import whisper_config
 
-    return whisper_config(
-        tokenizer,
-        d_model=dims.d_model,
-        encoder_layers=dims.encoder_layers,
-        decoder_layers=dims.decoder_layers,
-        encoder_heads=dims.encoder_attention_heads,
-        decoder_heads=dims.decoder_attention_heads,
-        ffn_dim=dims.decoder_ffn_dim,
-        n_mels=dims.num_mel_bins,
-        vocab_size=dims.vocab_size,
-        max_source_positions=dims.max_source_positions,
-        max_target_positions=dims.max_target_positions,
+    return WhisperConfig(
+        **whisper_config(
+            tokenizer,
+            d_model=dims.d_model,
+            encoder_layers=dims.encoder_layers,
+            decoder_layers=dims.decoder_layers,
+            encoder_heads=dims.encoder_attention_heads,
+            decoder_heads=dims.decoder_attention_heads,
+            ffn_dim=dims.decoder_ffn_dim,
+            n_mels=dims.num_mel_bins,
+            vocab_size=dims.vocab_size,
+            max_source_positions=dims.max_source_positions,
+            max_target_positions=dims.max_target_positions,
+        )
     )
 
 

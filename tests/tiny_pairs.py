@@ -22,23 +22,25 @@ N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
 
 
 def _random_model(tok: Tokenizer, ct2_config: dict, seed: int, decoder_layers: int, d_model: int = 64):
-    from transformers import WhisperForConditionalGeneration
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
-    cfg = whisper_config(
-        tok,
-        d_model=d_model,
-        encoder_layers=2,
-        decoder_layers=decoder_layers,
-        encoder_heads=4,
-        decoder_heads=4,
-        ffn_dim=2 * d_model,
-        n_mels=80,
-        vocab_size=tok.timestamp_begin + N_TIMESTAMPS,
+    cfg = WhisperConfig(
+        **whisper_config(
+            tok,
+            d_model=d_model,
+            encoder_layers=2,
+            decoder_layers=decoder_layers,
+            encoder_heads=4,
+            decoder_heads=4,
+            ffn_dim=2 * d_model,
+            n_mels=80,
+            vocab_size=tok.timestamp_begin + N_TIMESTAMPS,
+        )
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = WhisperForConditionalGeneration(cfg)
-    model.generation_config = whisper_generation_config(tok, ct2_config)
+    model.generation_config = GenerationConfig(**whisper_generation_config(tok, ct2_config))
     return own_from_hf(model.eval().requires_grad_(False))
 
 

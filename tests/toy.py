@@ -40,19 +40,21 @@ def toy_tokenizer(n_words: int = 12) -> Tokenizer:
 
 
 def _model(tok: Tokenizer, seed: int, layers: int, sharpness: float):
-    from transformers import WhisperForConditionalGeneration
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    cfg = whisper_config(
-        tok,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=layers,
-        encoder_heads=2,
-        decoder_heads=2,
-        ffn_dim=64,
-        n_mels=80,
-        vocab_size=tok.timestamp_begin,
-        max_source_positions=TOY_FRAMES // 2,
+    cfg = WhisperConfig(
+        **whisper_config(
+            tok,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=layers,
+            encoder_heads=2,
+            decoder_heads=2,
+            ffn_dim=64,
+            n_mels=80,
+            vocab_size=tok.timestamp_begin,
+            max_source_positions=TOY_FRAMES // 2,
+        )
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

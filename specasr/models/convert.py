@@ -1,9 +1,8 @@
 """CTranslate2 (faster-whisper) Whisper checkpoints -> Hugging Face Whisper directories.
 
 The output is what `transformers`' `WhisperForConditionalGeneration.from_pretrained` loads,
-and what specasr's own `models.whisper.load_whisper` loads without transformers. Converting
-is the one run-time use of transformers (it writes the config files), imported only here
-and only on a cache miss: a converted model is cached by content and loads without it.
+and what specasr's own `models.whisper.load_whisper` loads. Nothing here needs transformers:
+the config files are written as JSON with Hugging Face's keys.
 
 `model.bin` layout (little-endian; strings are u16 length incl. NUL, then bytes, then NUL):
     u32 binary_version, str spec_name, u32 spec_revision, u32 n_variables,
@@ -27,7 +26,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import save_file
@@ -35,10 +34,7 @@ from safetensors.torch import save_file
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
-if TYPE_CHECKING:
-    from transformers import GenerationConfig, WhisperConfig
-
-CONVERTER_VERSION = 2  # bump when the output format changes; it is part of the cache key (2: fp32)
+CONVERTER_VERSION = 3  # bump when the output format changes; it is part of the cache key (3: fp32, Wᵀ)
 _CT2_DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 
@@ -144,11 +140,12 @@ def whisper_config(
     vocab_size: int,
     max_source_positions: int = 1500,
     max_target_positions: int = 448,
-) -> WhisperConfig:
-    """A `WhisperConfig` whose special-token ids come from the tokenizer, by name."""
-    from transformers import WhisperConfig
-
-    return WhisperConfig(
+) -> dict:
+    """A Hugging Face Whisper config.json (as a dict) whose special-token ids come from the
+    tokenizer, by name. `transformers.WhisperConfig(**it)` is the same configuration."""
+    return dict(
+        model_type="whisper",
+        activation_function="gelu",
         vocab_size=vocab_size,
         num_mel_bins=n_mels,
         d_model=d_model,
@@ -171,19 +168,16 @@ def whisper_config(
     )
 
 
-def whisper_generation_config(
-    tokenizer: Tokenizer, ct2_config: dict, max_length: int = 448
-) -> GenerationConfig:
-    """Generation settings as Hugging Face's Whisper checkpoints ship them (no forced ids)."""
-    from transformers import GenerationConfig
-
+def whisper_generation_config(tokenizer: Tokenizer, ct2_config: dict, max_length: int = 448) -> dict:
+    """generation_config.json (as a dict) as Hugging Face's Whisper checkpoints ship it (no
+    forced ids). `transformers.GenerationConfig(**it)` is the same configuration."""
     multilingual = tokenizer.multilingual
     extra: dict = {}
     if multilingual:
         extra["lang_to_id"] = {f"<|{c}|>": i for c, i in tokenizer.language_tokens.items()}
         extra["task_to_id"] = {t: getattr(tokenizer, t) for t in TASKS}
     heads = ct2_config.get("alignment_heads")
-    return GenerationConfig(
+    return dict(
         decoder_start_token_id=tokenizer.sot,
         bos_token_id=tokenizer.eot,
         eos_token_id=tokenizer.eot,
@@ -209,7 +203,7 @@ def _count_layers(variables: dict[str, torch.Tensor], stack: str) -> int:
     return len(ids)
 
 
-def _config_from_variables(v: dict[str, torch.Tensor], tokenizer: Tokenizer) -> WhisperConfig:
+def _config_from_variables(v: dict[str, torch.Tensor], tokenizer: Tokenizer) -> dict:
     """Every size comes from tensor shapes; heads from the spec's `*/num_heads` scalars."""
     emb = v["decoder/embeddings/weight"]  # [vocab, d_model]
     return whisper_config(
@@ -257,7 +251,7 @@ def _ffn(v: dict, src: str, dst: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def ct2_to_hf_state_dict(v: dict[str, torch.Tensor], cfg: WhisperConfig) -> dict[str, torch.Tensor]:
+def ct2_to_hf_state_dict(v: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """HF parameter names -> tensors. proj_out is omitted: it is tied to embed_tokens."""
     sd: dict[str, torch.Tensor] = {}
     enc, dec = "model.encoder", "model.decoder"
@@ -266,7 +260,7 @@ def ct2_to_hf_state_dict(v: dict[str, torch.Tensor], cfg: WhisperConfig) -> dict
         sd[f"{enc}.{conv}.bias"] = v[f"encoder/{conv}/bias"]
     sd[f"{enc}.embed_positions.weight"] = v["encoder/position_encodings/encodings"]
     sd |= _norm(v, "encoder/layer_norm", f"{enc}.layer_norm")
-    for i in range(cfg.encoder_layers):
+    for i in range(cfg["encoder_layers"]):
         src, dst = f"encoder/layer_{i}", f"{enc}.layers.{i}"
         sd |= _attention(v, f"{src}/self_attention", f"{dst}.self_attn", "qkv")
         sd |= _norm(v, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
@@ -274,7 +268,7 @@ def ct2_to_hf_state_dict(v: dict[str, torch.Tensor], cfg: WhisperConfig) -> dict
     sd[f"{dec}.embed_tokens.weight"] = v["decoder/embeddings/weight"]
     sd[f"{dec}.embed_positions.weight"] = v["decoder/position_encodings/encodings"]
     sd |= _norm(v, "decoder/layer_norm", f"{dec}.layer_norm")
-    for i in range(cfg.decoder_layers):
+    for i in range(cfg["decoder_layers"]):
         src, dst = f"decoder/layer_{i}", f"{dec}.layers.{i}"
         sd |= _attention(v, f"{src}/self_attention", f"{dst}.self_attn", "qkv")
         sd |= _norm(v, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
@@ -282,6 +276,24 @@ def ct2_to_hf_state_dict(v: dict[str, torch.Tensor], cfg: WhisperConfig) -> dict
         sd |= _norm(v, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm")
         sd |= _ffn(v, f"{src}/ffn", dst)
     return sd
+
+
+def _feature_extractor_config(n_mels: int) -> dict:
+    """preprocessor_config.json as transformers' WhisperFeatureExtractor writes it by default."""
+    return {
+        "chunk_length": 30,
+        "feature_extractor_type": "WhisperFeatureExtractor",
+        "feature_size": n_mels,
+        "hop_length": 160,
+        "n_fft": 400,
+        "n_samples": 480000,
+        "nb_max_frames": 3000,
+        "padding_side": "right",
+        "padding_value": 0.0,
+        "processor_class": "WhisperProcessor",
+        "return_attention_mask": False,
+        "sampling_rate": 16000,
+    }
 
 
 # ---- conversion -------------------------------------------------------------------------
@@ -299,7 +311,7 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
     if dtype is None:
         dtype = variables["decoder/embeddings/weight"].dtype
     sd = {k: t.to(dtype).clone() for k, t in ct2_to_hf_state_dict(variables, cfg).items()}
-    cfg.dtype = dtype
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
 
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -308,12 +320,13 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if dtype == torch.float32:  # the CPU decoder's layout, read in place at load
             write_transposed(tmp, sd)
-        cfg.save_pretrained(tmp)
-        gen = whisper_generation_config(tokenizer, ct2_config, cfg.max_target_positions)
-        gen.save_pretrained(tmp)
-        from transformers import WhisperFeatureExtractor
-
-        WhisperFeatureExtractor(feature_size=cfg.num_mel_bins).save_pretrained(tmp)
+        gen = whisper_generation_config(tokenizer, ct2_config, cfg["max_target_positions"])
+        for name, data in (
+            ("config.json", cfg),
+            ("generation_config.json", gen),
+            ("preprocessor_config.json", _feature_extractor_config(cfg["num_mel_bins"])),
+        ):
+            (tmp / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         shutil.copyfile(files.tokenizer, tmp / "tokenizer.json")
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary user dir
         os.replace(tmp, out)  # atomic on one filesystem; fails if `out` is a non-empty dir

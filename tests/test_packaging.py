@@ -57,3 +57,18 @@ def test_a_checkout_imports_as_the_installed_package(tmp_path):
     assert all(line.startswith(str(tmp_path)) for line in lines[:4]), lines
     assert [Path(p).parent.name for p in lines[1:4]] == ["kernels", "apps", "recipes"]
     assert lines[4:] == ["True", "exact"]
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """A non-editable install ships only the packages pyproject lists: a subpackage missing
+    there imports from a checkout but not from the wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"specasr"} | {
+        "specasr." + ".".join(p.parent.relative_to(ROOT / "specasr").parts)
+        for p in (ROOT / "specasr").rglob("__init__.py")
+        if p.parent != ROOT / "specasr"
+    }
+    found |= {f"specasr.{name}" for name in ("kernels", "apps", "recipes")}
+    assert found == listed, (found - listed, listed - found)

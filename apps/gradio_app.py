@@ -13,13 +13,25 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from dataclasses import fields
 
 import gradio as gr
 
+from specasr.audio import AudioWarning
 from specasr.options import GAMMA_POLICIES, MODES
 
-from .service import AppOptions, Controls, compare, load_input, run, word_diff
+from .service import (
+    TOKEN_KINDS,
+    AppOptions,
+    Controls,
+    accepted_per_step,
+    compare,
+    load_input,
+    run,
+    token_spans,
+    word_diff,
+)
 
 __all__ = ["build_app", "launch"]
 
@@ -27,10 +39,11 @@ log = logging.getLogger(__name__)
 _DEFAULT = Controls()
 _GAMMA_MAX = _DEFAULT.options().decode.gamma_max
 _INTRO = """# specasr: Whisper with speculative decoding
-Record or upload speech, pick a verifier mode and **Transcribe**. **Compare** runs
-autoregressive decoding (the target alone) and the chosen mode on the same audio and shows the
-measured speedup. At temperature 0, `baseline` and `exact` give the target's greedy transcript
-token for token; `sigmoid` is a lossy approximation."""
+Record or upload speech, pick a verifier mode and **Transcribe**: the transcript shows which
+tokens the draft proposed and the target accepted. **Compare** runs autoregressive decoding (the
+target alone) and the chosen mode on the same audio, three times each, and shows the median
+speedup. At temperature 0, `baseline` and `exact` give the target's greedy transcript token for
+token; `sigmoid` is a lossy approximation."""
 
 
 def _user_errors(handler):
@@ -49,6 +62,31 @@ def _user_errors(handler):
             raise gr.Error(f"Transcription failed ({type(e).__name__}): {e}", print_exception=False) from None
 
     return wrapped
+
+
+_KIND_COLOURS = dict(zip(TOKEN_KINDS.values(), ["#4caf50", "#f44336", "#2196f3", "#9e9e9e"]))
+
+
+def _load(path, options: AppOptions):
+    """`load_input`, with its warnings (audio scaled down) shown on the page."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AudioWarning)
+        samples = load_input(path, options)
+    for w in caught:
+        if issubclass(w.category, AudioWarning):
+            gr.Warning(str(w.message).split(": ", 1)[-1])
+    return samples
+
+
+def _accepted_plot(result):
+    """`accepted_per_step` as the BarPlot's frame (x as text, so every count shows a bar)."""
+    import pandas as pd
+
+    rows = accepted_per_step(result)
+    frame = pd.DataFrame(
+        {"draft tokens accepted": [str(n) for n, _ in rows], "verify steps": [c for _, c in rows]}
+    )
+    return gr.BarPlot(frame, sort=[str(n) for n, _ in rows] or None, visible=bool(rows))
 
 
 def _control_widgets(pair) -> dict[str, gr.components.Component]:
@@ -103,14 +141,22 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
 
     def on_transcribe(audio, *values):
         controls = Controls(*values)
-        result = run(pair, load_input(audio, options), controls)
+        controls.options()  # bad values are refused before the audio is decoded
+        result = run(pair, _load(audio, options), controls)
         stats = "| statistic | value |\n|---|---|\n" + "\n".join(
             f"| {k} | {v} |" for k, v in result.stats_rows()
         )
-        return result.transcript(controls.timestamps), stats
+        return (
+            result.transcript(controls.timestamps),
+            stats,
+            token_spans(pair, result),
+            _accepted_plot(result),
+        )
 
     def on_compare(audio, *values):
-        comparison = compare(pair, load_input(audio, options), Controls(*values))
+        controls = Controls(*values)
+        controls.options()
+        comparison = compare(pair, _load(audio, options), controls)
         left, right = word_diff(comparison.reference.text, comparison.candidate.text)
         return (
             gr.HighlightedText(left, label="autoregressive (target only)"),
@@ -136,6 +182,19 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
             with gr.Column():
                 transcript = gr.Textbox(label="Transcript", lines=6, buttons=["copy"], elem_id="transcript")
                 stats = gr.Markdown(elem_id="stats")
+                speculation = gr.HighlightedText(
+                    label="Where each token came from",
+                    color_map=_KIND_COLOURS,
+                    show_legend=True,
+                    elem_id="speculation",
+                )
+                accepted = gr.BarPlot(
+                    x="draft tokens accepted",
+                    y="verify steps",
+                    label="Draft tokens accepted per verify step",
+                    height=220,
+                    elem_id="accepted",
+                )
                 reference = gr.HighlightedText(
                     label="autoregressive (target only)", color_map={"differs": "red"}, elem_id="reference"
                 )
@@ -146,7 +205,11 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
         inputs = [audio, *(widgets[f.name] for f in fields(Controls))]
         shared = {"concurrency_id": "decode", "concurrency_limit": options.concurrency_limit}
         transcribe_button.click(
-            _user_errors(on_transcribe), inputs, [transcript, stats], api_name="transcribe", **shared
+            _user_errors(on_transcribe),
+            inputs,
+            [transcript, stats, speculation, accepted],
+            api_name="transcribe",
+            **shared,
         )
         compare_button.click(
             _user_errors(on_compare), inputs, [reference, candidate, speedup], api_name="compare", **shared

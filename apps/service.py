@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from specasr.audio import AudioError, load_audio
+from specasr.audio import AudioError, AudioTooLong, load_audio
 from specasr.constants import SAMPLE_RATE
 from specasr.options import TranscribeOptions, fallback_schedule
 
@@ -63,6 +64,7 @@ class Controls:
     def options(self) -> TranscribeOptions:
         """The long-form options these controls stand for; ValueError names a bad value."""
         gamma = int(self.gamma)
+        seed = _seed(self.seed)
         decode = replace(
             _DECODE,
             mode=self.mode,
@@ -75,7 +77,7 @@ class Controls:
             language=None if self.language == "auto" else self.language,
             task=self.task,
             timestamps=bool(self.timestamps),
-            seed=int(self.seed),
+            seed=seed,
             timing=True,  # the statistics table shows the verifier time
         )
         return replace(_TRANSCRIBE, decode=decode, temperatures=fallback_schedule(float(self.temperature)))
@@ -83,6 +85,21 @@ class Controls:
 
 class InputError(ValueError):
     """A request the app cannot serve as asked; the message is meant for the user."""
+
+
+SEED_LIMIT = 2**63  # seeds feed torch.Generator.manual_seed: 0 <= seed < 2**63
+
+
+def _seed(value) -> int:
+    """A seed from the widget (an int, or a float from JSON) -> int in [0, 2**63)."""
+    message = f"The seed must be a whole number from 0 to {SEED_LIMIT - 1} (2**63 - 1); got {value!r}."
+    try:
+        seed = int(value)
+    except (TypeError, ValueError, OverflowError):  # None, NaN, inf, text
+        raise InputError(message) from None
+    if seed != value or not 0 <= seed < SEED_LIMIT:
+        raise InputError(message)
+    return seed
 
 
 def load_input(path: str | None, limits: AppOptions) -> np.ndarray:
@@ -94,13 +111,16 @@ def load_input(path: str | None, limits: AppOptions) -> np.ndarray:
         raise InputError(
             f"The file is {size_mb:.1f} MB; this app takes files up to {limits.max_upload_mb:g} MB."
         )
-    try:
-        samples = load_audio(path)  # float32 mono 16 kHz
+    try:  # the header's length is checked before decoding; decoding stops at the limit
+        samples = load_audio(path, max_seconds=limits.max_seconds)  # float32 mono 16 kHz
+    except AudioTooLong as e:
+        if e.seconds is None:
+            raise InputError(f"The audio is longer than this app takes ({limits.max_seconds:g} s).") from e
+        raise InputError(
+            f"The audio is {e.seconds:.1f} s long; this app takes up to {limits.max_seconds:g} s."
+        ) from e
     except AudioError as e:
         raise InputError(f"Cannot read this audio: {e.reason}.") from e
-    seconds = len(samples) / SAMPLE_RATE
-    if seconds > limits.max_seconds:
-        raise InputError(f"The audio is {seconds:.1f} s long; this app takes up to {limits.max_seconds:g} s.")
     return samples
 
 
@@ -161,19 +181,40 @@ def run(pair, samples: np.ndarray, controls: Controls) -> Run:
     return Run(controls.mode, done, info, time.perf_counter() - t0)
 
 
+COMPARE_RUNS = 3  # "Compare" times each side this many times and reports the medians
+
+
 @dataclass
 class Comparison:
-    reference: Run  # autoregressive: target only
-    candidate: Run  # the chosen mode
+    reference: Run  # autoregressive: target only (its first run)
+    candidate: Run  # the chosen mode (its first run)
+    reference_walls: list[float] = field(default_factory=list)  # wall seconds of every run
+    candidate_walls: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reference_walls = self.reference_walls or [self.reference.wall_s]
+        self.candidate_walls = self.candidate_walls or [self.candidate.wall_s]
+
+    @property
+    def runs(self) -> int:
+        return min(len(self.reference_walls), len(self.candidate_walls))
+
+    @property
+    def reference_s(self) -> float:
+        return statistics.median(self.reference_walls)
+
+    @property
+    def candidate_s(self) -> float:
+        return statistics.median(self.candidate_walls)
 
     @property
     def speedup(self) -> float:
-        """End to end: autoregressive wall time / the chosen mode's."""
-        return self.reference.wall_s / self.candidate.wall_s
+        """End to end: median autoregressive wall time / the chosen mode's median."""
+        return self.reference_s / self.candidate_s
 
     @property
     def decoder_speedup(self) -> float:
-        """The decoding loops alone, without audio loading and the encoder."""
+        """The decoding loops alone (first runs), without audio loading and the encoder."""
         ref, cand = self.reference.info.stats.decoder_s, self.candidate.info.stats.decoder_s
         return ref / cand if cand else 0.0
 
@@ -183,21 +224,75 @@ class Comparison:
 
     def summary(self) -> str:
         same = "identical tokens" if self.identical else "**the transcripts differ** (highlighted)"
+        runs = f"median of {self.runs} runs each" if self.runs > 1 else "one run each: expect noise"
         return (
-            f"**Speedup {self.speedup:.2f}×** end to end ({self.reference.wall_s:.2f} s autoregressive, "
-            f"{self.candidate.wall_s:.2f} s {self.candidate.mode}); "
-            f"decoder loop {self.decoder_speedup:.2f}×; {same}. One measurement: rerun for another."
+            f"**Speedup {self.speedup:.2f}×** end to end ({self.reference_s:.2f} s autoregressive, "
+            f"{self.candidate_s:.2f} s {self.candidate.mode}; {runs}); "
+            f"decoder loop {self.decoder_speedup:.2f}× (first run); {same}."
         )
 
 
-def compare(pair, samples: np.ndarray, controls: Controls) -> Comparison:
-    """Autoregressive and the chosen mode on the same samples and settings, one after the other."""
+def compare(pair, samples: np.ndarray, controls: Controls, runs: int = COMPARE_RUNS) -> Comparison:
+    """Autoregressive and the chosen mode on the same samples and settings, alternating, `runs`
+    times each; the transcripts are the first runs', the speedup is the ratio of the medians."""
     if controls.mode == "autoregressive":
         raise InputError(
             "Pick a speculative mode (baseline, exact or sigmoid) to compare with autoregressive."
         )
-    reference = run(pair, samples, replace(controls, mode="autoregressive"))
-    return Comparison(reference, run(pair, samples, controls))
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    references, candidates = [], []
+    for _ in range(runs):
+        references.append(run(pair, samples, replace(controls, mode="autoregressive")))
+        candidates.append(run(pair, samples, controls))
+    return Comparison(
+        references[0],
+        candidates[0],
+        [r.wall_s for r in references],
+        [c.wall_s for c in candidates],
+    )
+
+
+TOKEN_KINDS = {  # Segment.token_kinds -> the label the app shows
+    "draft": "accepted draft",
+    "corrected": "target-corrected",
+    "bonus": "bonus",
+    "target": "target only",
+}
+
+
+def token_spans(pair, run: Run) -> list[tuple[str, str | None]]:
+    """The transcript as one (text, label) pair per token: where each token came from
+    (`TOKEN_KINDS`), None when not known (chunked decoding). Timestamp and special tokens
+    are left out; each token's text is what it adds to the decoded prefix, so characters
+    split over byte tokens come out whole on the token that completes them."""
+    tok = pair.tokenizer
+    special = min(tok.eot, tok.sot)  # ids from here on are special or timestamps
+    spans: list[tuple[str, str | None]] = []
+    for segment in run.segments:
+        kinds = segment.token_kinds if len(segment.token_kinds) == len(segment.tokens) else []
+        text_tokens: list[int] = []
+        before = ""
+        for i, token in enumerate(segment.tokens):
+            if token >= special:
+                continue
+            text_tokens.append(token)
+            now = tok.decode(text_tokens)
+            piece, before = now[len(before) :] if now.startswith(before) else now, now
+            if piece:
+                spans.append((piece, TOKEN_KINDS.get(kinds[i]) if kinds else None))
+    return spans
+
+
+def accepted_per_step(run: Run) -> list[tuple[int, int]]:
+    """(draft tokens accepted, how many verify steps) for every count from 0 to the largest γ
+    used: one step is one row's verify pass (`DecodeStats.accepted_hist`). Empty without a draft."""
+    stats = run.info.stats
+    if not stats.gammas:
+        return []
+    hist = stats.accepted_hist
+    top = max(max(stats.gammas), max(hist, default=0))
+    return [(n, int(hist.get(n, 0))) for n in range(top + 1)]
 
 
 Highlighted = list[tuple[str, str | None]]  # (text, label or None): Gradio's HighlightedText value

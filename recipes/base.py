@@ -43,13 +43,21 @@ class Utterance:
         import soundfile as sf
 
         # seek within the file rather than decode a whole talk for every segment
+        span = f"{self.start or 0.0:.2f}–{'end' if self.end is None else f'{self.end:.2f}'} s"
         try:
             info = sf.info(self.audio_path)
             start = round((self.start or 0.0) * info.samplerate)
             stop = None if self.end is None else round(self.end * info.samplerate)
+            if start >= info.frames:  # sf.read would give no samples, which tell nothing
+                length = f"{info.frames / info.samplerate:.2f} s"
+                raise AudioError(
+                    self.audio_path, f"the span {span} starts past the end of the audio ({length})"
+                )
             frames, rate = sf.read(self.audio_path, start=start, stop=stop, dtype="float32", always_2d=True)
         except (sf.LibsndfileError, RuntimeError) as e:
-            raise AudioError(self.audio_path, f"cannot read span {self.start}-{self.end}: {e}") from e
+            raise AudioError(self.audio_path, f"cannot read span {span}: {e}") from e
+        if not len(frames):
+            raise AudioError(self.audio_path, f"the span {span} holds no samples")
         return load_audio(frames, source_rate=rate)
 
 

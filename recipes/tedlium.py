@@ -30,7 +30,12 @@ def parse_stm(stm: Path, sph_dir: Path) -> list[Utterance]:
         fields = line.split(maxsplit=6)
         if len(fields) < 5:
             raise DatasetError(f"{stm}:{n}: expected `talk channel speaker start end [<label>] text`")
-        talk, start, end = fields[0], float(fields[3]), float(fields[4])
+        try:
+            talk, start, end = fields[0], float(fields[3]), float(fields[4])
+        except ValueError:
+            raise DatasetError(
+                f"{stm}:{n}: start and end must be seconds, got {fields[3]!r} {fields[4]!r}"
+            ) from None
         rest = fields[5:]
         if rest and rest[0].startswith("<"):  # the optional <o,f0,gender> label
             rest = rest[1:]

@@ -6,6 +6,7 @@ is copied into a second signature.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from specasr.constants import BACKENDS, MODES
@@ -39,8 +40,8 @@ class DecodeOptions:
             raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 1 <= self.gamma <= self.gamma_max:
             raise ValueError(f"need 1 <= gamma <= gamma_max, got {self.gamma} and {self.gamma_max}")
         if not 0 <= self.draft_stop < 1:
@@ -94,8 +95,10 @@ class TranscribeOptions:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         temps = self.temperatures
-        if not temps or any(t < 0 for t in temps) or list(temps) != sorted(temps):
-            raise ValueError(f"temperatures must be a non-empty ascending tuple of values >= 0, got {temps}")
+        if not temps or not all(math.isfinite(t) and t >= 0 for t in temps) or list(temps) != sorted(temps):
+            raise ValueError(
+                f"temperatures must be a non-empty ascending tuple of finite values >= 0, got {temps}"
+            )
         if self.decode.temperature != temps[0]:
             raise ValueError(
                 f"decode.temperature {self.decode.temperature:g} conflicts with the fallback schedule "

@@ -1,19 +1,31 @@
 """Transcript writers: txt, srt, vtt, tsv and json, written atomically.
 
-Each renderer turns (segments, info) into text; `write` puts it in place through a temporary
-file in the same directory and `os.replace`, so a reader never sees half a file and an
-interrupted batch leaves no partial outputs behind.
+Each renderer turns (segments, info) into text; `write` puts every format of one input in
+place at once: each goes to a temporary file in the same directory first, then all are
+renamed (`os.replace`), so a reader never sees half a file and a failure part-way leaves
+none of the new files. Files get the usual mode (0666 less the umask). A temporary file is
+named `.NAME.PID.XXXXXXXX.tmp`; `clean_stale_temps` removes those whose writer is gone.
+
+With a `source` (`source_record(path)`: the input's absolute path, size and mtime), the json
+document records it, and a hidden sidecar `.STEM.specasr.json` beside the outputs records,
+per format, the source it was made from (`provenance`), so a later run can tell outputs of
+the same input from those of another input with the same name. `output_lock` keeps two runs
+from writing one output name at once.
 
 The json document (JSON_SCHEMA below):
     {"text": str, "info": {...TranscriptionInfo.to_dict()}, "stats": {...DecodeStats.to_dict()},
-     "segments": [{...Segment.to_dict()}, ...]}
+     "segments": [{...Segment.to_dict()}, ...], "source": {"path", "size", "mtime_ns"} (optional)}
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +53,15 @@ JSON_SCHEMA = {
         "stats": {
             "type": "object",
             "required": ["proposed", "accepted", "acceptance_rate", "target_calls", "encoder_s", "decoder_s"],
+        },
+        "source": {
+            "type": "object",
+            "required": ["path", "size", "mtime_ns"],
+            "properties": {
+                "path": {"type": "string"},
+                "size": {"type": "integer"},
+                "mtime_ns": {"type": "integer"},
+            },
         },
         "segments": {
             "type": "array",
@@ -115,13 +136,15 @@ def render_tsv(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
     return "start\tend\ttext\n" + "".join(r + "\n" for r in rows)
 
 
-def render_json(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
+def render_json(segments: Sequence[Segment], info: TranscriptionInfo, source: dict | None = None) -> str:
     doc = {
         "text": "".join(s.text for s in segments).strip(),
         "info": info.to_dict(),
         "stats": info.stats.to_dict(),
         "segments": [s.to_dict() for s in segments],
     }
+    if source is not None:
+        doc["source"] = source
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
 
 
@@ -134,21 +157,131 @@ RENDERERS: dict[str, Callable[[Sequence[Segment], TranscriptionInfo], str]] = {
 }
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to `path` through a temporary file in the same directory and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def render(fmt: str, segments: Sequence[Segment], info: TranscriptionInfo, source: dict | None = None) -> str:
+    """The text of one format; json records `source` when given."""
+    return render_json(segments, info, source) if fmt == "json" else RENDERERS[fmt](segments, info)
+
+
+def source_record(path: str | os.PathLike) -> dict:
+    """What identifies an input: its absolute path, size and modification time (ns)."""
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+# ---- writing ----------------------------------------------------------------------------
+TEMP_AGE_S = 60.0  # a temporary file this old has no live writer, whatever its pid says
+_TEMP = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<pid>\d+)\.)?[a-z0-9_]{8}\.tmp$")
+_OUR_SUFFIXES = tuple(f".{f}" for f in FORMATS)
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask would, for a moment, for every thread)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_temp(path: Path, text: str, mode: int) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)  # mkstemp makes 0600, and the mode survives the rename
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def write_files(texts: dict[Path, str]) -> None:
+    """Writes every file to a temporary file in its directory first, then renames them all;
+    if anything fails, the temporary files and the files already renamed are removed, so
+    either all of the new files are in place or none is. The renames go in the given order."""
+    mode = 0o666 & ~_umask()
+    temps: dict[Path, Path] = {}
+    renamed: list[Path] = []
+    try:
+        for path, text in texts.items():
+            temps[path] = _write_temp(Path(path), text, mode)
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+            renamed.append(path)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        for path in renamed:
+            Path(path).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to `path` through a temporary file in the same directory and a rename."""
+    write_files({Path(path): text})
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def clean_stale_temps(directory: str | os.PathLike, min_age_s: float = 2.0) -> list[Path]:
+    """Removes this module's temporary files in `directory` whose writer is gone: the pid in
+    the name is no live process (and the file is over `min_age_s` old), or the file is over
+    TEMP_AGE_S old. Other files are never touched. Returns the removed paths."""
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP.match(entry.name)
+        if not m or not m["name"].endswith(_OUR_SUFFIXES) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        dead = m["pid"] is not None and not _pid_alive(int(m["pid"]))
+        if age > TEMP_AGE_S or (dead and age > min_age_s):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
 
 
 def output_paths(stem: str, output_dir: str | os.PathLike, formats: Sequence[str]) -> dict[str, Path]:
+    """`<output_dir>/<stem>.<fmt>` per format; `stem` may hold folders ("A/x")."""
     return {fmt: Path(output_dir) / f"{stem}.{fmt}" for fmt in formats}
+
+
+def sidecar_path(stem: str, output_dir: str | os.PathLike) -> Path:
+    """The hidden record of which source each format of `stem` was made from."""
+    p = Path(output_dir) / stem
+    return p.with_name(f".{p.name}.specasr.json")
+
+
+def provenance(stem: str, output_dir: str | os.PathLike) -> dict[str, dict]:
+    """Format -> {"source": source_record, "written_at": unix time} for `stem`'s outputs, from
+    its sidecar; formats without a record are absent (e.g. outputs of an older version)."""
+    try:
+        doc = json.loads(sidecar_path(stem, output_dir).read_text(encoding="utf-8"))
+        outputs = doc["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {k: v for k, v in outputs.items() if isinstance(v, dict) and isinstance(v.get("source"), dict)}
 
 
 def write(
@@ -157,9 +290,67 @@ def write(
     stem: str,
     output_dir: str | os.PathLike,
     formats: Sequence[str] = FORMATS,
+    source: dict | None = None,
 ) -> list[Path]:
-    """Writes `<output_dir>/<stem>.<fmt>` for each format; returns the paths."""
+    """Writes `<output_dir>/<stem>.<fmt>` for each format, all or none (`write_files`);
+    returns the paths. With `source` (`source_record`), json records it and the sidecar
+    (`provenance`) is updated last, so a record never names outputs that are not in place."""
     paths = output_paths(stem, output_dir, formats)
-    for fmt, path in paths.items():
-        write_atomic(path, RENDERERS[fmt](segments, info))
+    next(iter(paths.values()), Path(output_dir) / stem).parent.mkdir(parents=True, exist_ok=True)
+    texts: dict[Path, str] = {path: render(fmt, segments, info, source) for fmt, path in paths.items()}
+    record = provenance(stem, output_dir)
+    if source is not None or any(fmt in record for fmt in formats):
+        written = {"source": source, "written_at": time.time(), "pid": os.getpid()}
+        for fmt in formats:
+            if source is None:
+                record.pop(fmt, None)  # no longer made from what the record says
+            else:
+                record[fmt] = written
+        texts[sidecar_path(stem, output_dir)] = json.dumps({"outputs": record}, indent=1) + "\n"
+    write_files(texts)
     return list(paths.values())
+
+
+# ---- one writer per output name ---------------------------------------------------------
+class OutputBusyError(RuntimeError):
+    """Another live process holds the lock on an output name."""
+
+
+@contextlib.contextmanager
+def output_lock(stem: str, output_dir: str | os.PathLike):
+    """Holds `.STEM.lock` beside `stem`'s outputs (an flock, released by the kernel if the
+    process dies, so a lock is never stale); raises OutputBusyError naming the holder when
+    another process has it. Where flock is missing the lock is a no-op."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    p = Path(output_dir) / stem
+    path = p.with_name(f".{p.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputBusyError(
+                f"{p} is being written by another specasr run (pid {holder}); not touched"
+            ) from None
+        try:  # the holder before us may have removed the file after we opened it: lock the new one
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)

@@ -79,6 +79,16 @@ def _transcribe(client, path, api="/transcribe", **controls):
     return client.predict(handle_file(str(path)), *astuple(Controls(**controls)), api_name=api)
 
 
+def _value(output):
+    """A component's value from the client: returned as is, or inside an update dict."""
+    return output["value"] if isinstance(output, dict) and "value" in output else output
+
+
+def _plot_rows(output) -> list:
+    value = _value(output)
+    return value["data"] if value else []
+
+
 def _stats(markdown: str) -> dict[str, str]:
     rows = [line.strip("|").split("|") for line in markdown.splitlines()[2:]]
     return {k.strip(): v.strip() for k, v in rows}
@@ -88,7 +98,7 @@ def test_every_mode_transcribes_a_fixture_over_http(client, librivox, upload_dir
     clip = _clip(librivox, "0890")
     texts = {}
     for mode in MODES:
-        transcript, stats = _transcribe(client, clip.path, mode=mode)
+        transcript, stats, speculation, accepted = _transcribe(client, clip.path, mode=mode)
         match = re.fullmatch(r"\[0\.00 → (\d+\.\d\d)\] (.+)", transcript)
         assert match, transcript
         assert 4.0 < float(match[1]) <= 5.4  # the clip is 5.3 s long
@@ -98,12 +108,21 @@ def test_every_mode_transcribes_a_fixture_over_http(client, librivox, upload_dir
         assert table["mode"] == mode
         assert float(table["real-time factor"].split()[0]) > 0
         assert table["verifier time"].endswith(" ms") and int(table["target calls"]) > 0
+        spans = [(run["token"], run["class_or_confidence"]) for run in _value(speculation)]
+        assert "".join(text for text, _ in spans).strip() == match[2]  # one span per token
+        labels = {label for _, label in spans}
         if mode == "autoregressive":
+            assert (
+                labels == {"target only"} and accepted["value"] is None or not accepted.get("visible", True)
+            )
             assert table["draft calls"] == "0"
             assert table["α̂ per token (accepted / reached draft tokens)"] == "n/a"
             assert table["tokens per target call"] == "1.00"
         else:
             assert int(table["draft calls"]) > 0 and float(table["tokens per target call"]) >= 1.0
+            assert labels <= {"accepted draft", "target-corrected", "bonus"}, labels
+            rows = _plot_rows(accepted)
+            assert 0 < sum(row[1] for row in rows) <= int(table["target calls"])  # one row: each pass
             per_token = float(table["α̂ per token (accepted / reached draft tokens)"])
             assert 0.0 <= float(table["accepted / proposed draft tokens"]) <= per_token <= 1.0
     assert texts["baseline"] == texts["exact"] == texts["autoregressive"]  # exact at temperature 0
@@ -112,13 +131,15 @@ def test_every_mode_transcribes_a_fixture_over_http(client, librivox, upload_dir
 
 def test_toggles_reach_the_decoder(client, librivox):
     clip = _clip(librivox, "0880")
-    transcript, stats = _transcribe(
+    transcript, stats, _, _ = _transcribe(
         client, clip.path, mode="exact", timestamps=False, gamma_policy="fixed", gamma=3, language="auto"
     )
     assert not transcript.startswith("[") and wer([clip.text], [transcript]) <= 0.1, transcript
     assert _stats(stats)["mode"] == "exact"
-    sampled, _ = _transcribe(client, clip.path, mode="exact", temperature=1.0, seed=3, timestamps=False)
+    sampled, *_ = _transcribe(client, clip.path, mode="exact", temperature=1.0, seed=3, timestamps=False)
     assert sampled.strip()
+    with pytest.raises(AppError, match=r"The seed must be a whole number from 0 to 9223372036854775807"):
+        _transcribe(client, clip.path, mode="exact", temperature=1.0, seed=2**70)
 
 
 def test_compare_shows_both_transcripts_and_the_speedup(client, librivox):
@@ -130,6 +151,7 @@ def test_compare_shows_both_transcripts_and_the_speedup(client, librivox):
     assert all(run["class_or_confidence"] is None for side in (reference, candidate) for run in side["value"])
     speedup = re.search(r"Speedup (\d+\.\d+)×", summary)
     assert speedup and float(speedup[1]) > 0 and "identical tokens" in summary, summary
+    assert "median of 3 runs each" in summary, summary
 
 
 def test_bad_input_is_a_message_and_the_app_keeps_serving(client, server, librivox, tmp_path):
@@ -151,7 +173,7 @@ def test_bad_input_is_a_message_and_the_app_keeps_serving(client, server, libriv
         response = httpx.post(server + "gradio_api/upload", files={"files": ("big.wav", f)}, timeout=60)
     assert response.status_code == 413, response.text
     clip = _clip(librivox, "0930")
-    transcript, _ = _transcribe(client, clip.path, mode="exact", timestamps=False)
+    transcript, *_ = _transcribe(client, clip.path, mode="exact", timestamps=False)
     assert wer([clip.text], [transcript]) <= 0.1, transcript
 
 
@@ -176,5 +198,6 @@ def test_browser_upload_mode_switch_transcribe_and_compare(server, librivox, tmp
     text = page["transcript"].split("] ", 1)[1]
     assert wer([clip.text], [text]) <= 0.1, page["transcript"]
     assert "baseline" in page["stats"] and "real-time factor" in page["stats"]
+    assert text.split()[0] in page["speculation"] and page["plot"], page  # token kinds and the plot
     assert re.search(r"Speedup \d+\.\d+×", page["speedup"]), page["speedup"]
     assert text in page["reference"] and text in page["candidate"], page

@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 
@@ -6,7 +7,6 @@ import pytest
 import soundfile as sf
 import soxr
 
-from specasr import audio
 from specasr.audio import AudioError, load_audio
 from specasr.constants import SAMPLE_RATE
 
@@ -182,23 +182,30 @@ def test_ffmpeg_missing_is_named(tmp_path, monkeypatch):
         load_audio(path.read_bytes())
 
 
+def _fake_ffmpeg(tmp_path, monkeypatch, body: str):
+    """An `ffmpeg` on PATH that logs its arguments and runs `body` (sh) for its stdout."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "ffmpeg"
+    script.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/ffmpeg-args\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path / "ffmpeg-args"
+
+
 def test_ffmpeg_command_and_output(tmp_path, monkeypatch):
     """The fallback asks ffmpeg for f32le mono at the target rate and parses its stdout."""
     samples = np.linspace(-0.5, 0.5, 800, dtype=np.float32)
-    calls = []
-
-    def fake_run(cmd, **kwargs):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, samples.astype("<f4").tobytes(), b"")
-
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/ffmpeg")
-    monkeypatch.setattr(audio.subprocess, "run", fake_run)
+    (tmp_path / "out.f32").write_bytes(samples.astype("<f4").tobytes())
+    args = _fake_ffmpeg(tmp_path, monkeypatch, f"cat {tmp_path}/out.f32")
     path = tmp_path / "clip.xyz"
     path.write_bytes(b"\x00not-a-sndfile-format" * 10)
     x = load_audio(path, sr=8000)
     np.testing.assert_array_equal(x, samples)
-    cmd = " ".join(calls[0])
+    cmd = args.read_text()
     assert f"-i {path}" in cmd and "-f f32le" in cmd and "-ac 1" in cmd and "-ar 8000" in cmd
+    np.testing.assert_array_equal(load_audio(path.read_bytes(), sr=8000), samples)  # through stdin
+    assert "-i pipe:0" in args.read_text()
 
 
 @pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg binary not installed")

@@ -21,6 +21,11 @@ def _invoke(*args: str):
     return CliRunner().invoke(main, ["transcribe", *args], catch_exceptions=False)
 
 
+def _listing(folder) -> list[str]:
+    """The outputs in `folder`, without the hidden records of their sources."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
 @pytest.fixture
 def clips(librivox, tmp_path):
     """Three LibriVox clips copied into a folder, plus a corrupt wav beside them."""
@@ -39,7 +44,7 @@ def test_corrupt_file_is_reported_and_the_rest_are_written(clips, librivox, tmp_
     assert result.exit_code == 1
     assert "broken.wav" in result.stderr and "1 of 4 file(s) failed" in result.stderr
     assert "files: 3 done, 0 skipped, 1 failed" in result.stderr and "real-time factor" in result.stderr
-    written = sorted(p.name for p in out.iterdir())
+    written = _listing(out)
     assert written == sorted(f"{c.path.stem}.{ext}" for c in librivox[:3] for ext in ("srt", "txt"))
     for clip in librivox[:3]:
         assert wer([clip.text], [(out / f"{clip.path.stem}.txt").read_text()]) <= 0.3
@@ -58,7 +63,7 @@ def test_skip_existing_resumes_an_interrupted_batch(clips, librivox, tmp_path):
     assert result.exit_code == 0, result.output
     assert "files: 2 done, 1 skipped, 0 failed" in result.stderr
     assert done.stat().st_mtime_ns == stamp
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{c.path.stem}.txt" for c in librivox[:3])
+    assert _listing(out) == sorted(f"{c.path.stem}.txt" for c in librivox[:3])
 
 
 @pytest.mark.slow
@@ -68,7 +73,7 @@ def test_format_all_writes_every_format(librivox, tmp_path):
     args = [str(clip.path), "--model", "tiny.en", "--draft", "self:2", "--mode", "exact"]
     result = _invoke(*args, "--format", "all", "-o", str(out), "--stats")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"{clip.path.stem}.{f}" for f in FORMATS)
+    assert _listing(out) == sorted(f"{clip.path.stem}.{f}" for f in FORMATS)
     doc = json.loads((out / f"{clip.path.stem}.json").read_text())
     jsonschema.validate(doc, JSON_SCHEMA)
     assert doc["stats"]["proposed"] > 0 and doc["info"]["draft"] == "self:2"
@@ -114,8 +119,7 @@ def test_the_readme_batch_command(librivox, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = _invoke(str(data / "*.wav"), "--mode", "exact", "--format", "srt", "-o", "out/")
     assert result.exit_code == 0, result.output
-    srts = sorted((tmp_path / "out").iterdir())
-    assert [p.name for p in srts] == sorted(f"{c.path.stem}.srt" for c in librivox)
+    assert _listing(tmp_path / "out") == sorted(f"{c.path.stem}.srt" for c in librivox)
     for clip in librivox:
         text = (tmp_path / "out" / f"{clip.path.stem}.srt").read_text()
         assert text.startswith("1\n00:00:0") and wer([clip.text], [" ".join(text.splitlines()[2::4])]) <= 0.2

@@ -2,7 +2,7 @@
 
 Commands live one module per family (transcribe, eval, app, distill, bench); this one holds
 the group and `models`. Exit codes: 0 success, 1 some input failed (the others were still processed),
-2 usage error.
+2 usage error, 130 interrupted (transcribe, eval).
 """
 
 from __future__ import annotations

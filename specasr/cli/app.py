@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import re
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -14,6 +17,69 @@ from specasr.apps.service import AppOptions
 from specasr.cli.common import load_models, model_options
 
 _APP = AppOptions()
+TEMP_PREFIX = "specasr-app-"  # + owner pid + "-": the app's private GRADIO_TEMP_DIR
+_OWNED = re.compile(rf"{TEMP_PREFIX}(\d+)-")
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(root: str | None = None) -> list[str]:
+    """Removes this user's `specasr-app-<pid>-*` directories whose pid no longer runs (an app
+    killed with SIGKILL, or a crash); returns their paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            match = _OWNED.match(entry.name)
+            if not match or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+            pid = int(match[1])
+            if pid != os.getpid() and not _alive(pid):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
+
+
+def private_temp_dir() -> str:
+    """A fresh `specasr-app-<pid>-*` directory, removed when this process exits (normally, on
+    Ctrl-C, or on SIGTERM / SIGHUP while the app serves); stale ones are removed first."""
+    remove_stale_temp_dirs()
+    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@contextlib.contextmanager
+def _stop_on_signals(temp_dir: str | None):
+    """While serving, SIGTERM (systemd, docker stop) and SIGHUP stop the app as Ctrl-C does:
+    the temp dir goes at once, then Gradio closes its server and the command returns."""
+
+    def stop(signum, frame):
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = {}
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError):  # not the main thread: leave them be
+            before[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 @click.command("app")
@@ -45,13 +111,14 @@ def app(model, draft, device, dtype, host, port, share, max_seconds, max_upload_
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    temp_dir = None
     if not os.environ.get("GRADIO_TEMP_DIR"):  # uploads and recordings live, and go, with this process
-        os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="specasr-app-")
-        atexit.register(shutil.rmtree, os.environ["GRADIO_TEMP_DIR"], ignore_errors=True)
+        temp_dir = os.environ["GRADIO_TEMP_DIR"] = private_temp_dir()
     try:  # gradio reads GRADIO_TEMP_DIR as it is imported, too
         from specasr.apps.gradio_app import build_app, launch
     except ImportError as e:
         click.echo(f"error: the app needs gradio ({e}): pip install 'specasr[app]'", err=True)
         sys.exit(1)
-    pair = load_models(model, draft, "exact", device, dtype)
-    launch(build_app(pair, options), options, host=host, port=port, share=share)
+    with _stop_on_signals(temp_dir):
+        pair = load_models(model, draft, "exact", device, dtype)
+        launch(build_app(pair, options), options, host=host, port=port, share=share)

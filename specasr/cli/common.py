@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import sys
+import tempfile
+from pathlib import Path
 
 import click
 
@@ -10,10 +15,158 @@ from specasr.options import GAMMA_POLICIES, DecodeOptions
 
 DEFAULTS = DecodeOptions()
 
+_DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
+# English-only Whisper checkpoints use the GPT-2 vocabulary plus Whisper's special tokens
+_ENGLISH_ONLY_VOCAB = 51864
+# specasr.models.loading.PRESETS' names, without importing torch (a test keeps them equal)
+PRESET_NAMES = ("base", "tiny.en", "small.en", "medium.en", "large-v2", "large-v3")
+
+
+def check_device(device: str | None) -> None:
+    """A usage error (exit 2) for a --device that is malformed or not available here.
+    The syntax is checked without torch; availability (cuda, mps, xpu) imports it."""
+    if device is None or device == "cpu":
+        return
+    if not _DEVICE.match(device):
+        raise click.BadParameter(
+            f"{device!r}: expected cpu, cuda, cuda:N, mps, xpu or xpu:N", param_hint="'--device'"
+        )
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise click.BadParameter(f"{device!r}: no CUDA device is available here", param_hint="'--device'")
+        if index and int(index) >= count:
+            raise click.BadParameter(
+                f"{device!r}: this machine has {count} CUDA device(s) (cuda:0 … cuda:{count - 1})",
+                param_hint="'--device'",
+            )
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise click.BadParameter(f"{device!r}: MPS is not available here", param_hint="'--device'")
+    elif kind == "xpu" and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        raise click.BadParameter(f"{device!r}: no XPU device is available here", param_hint="'--device'")
+
+
+def _vocab_size_of_dir(path: Path) -> int | None:
+    """A model directory's vocabulary size from its small files (config.json, else the
+    tokenizer's <|endoftext|> id or a CTranslate2 vocabulary file); None when unknown."""
+    try:
+        config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+        if isinstance(config.get("vocab_size"), int):
+            return config["vocab_size"]
+        if (path / "tokenizer.json").is_file():
+            tokenizer = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+            for token in tokenizer.get("added_tokens", []):
+                if token.get("content") == "<|endoftext|>":  # 50256 English-only, 50257 multilingual
+                    return _ENGLISH_ONLY_VOCAB if token["id"] == 50256 else _ENGLISH_ONLY_VOCAB + 1
+        if (path / "vocabulary.json").is_file():
+            return len(json.loads((path / "vocabulary.json").read_text(encoding="utf-8")))
+        if (path / "vocabulary.txt").is_file():
+            return len((path / "vocabulary.txt").read_text(encoding="utf-8").splitlines())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def english_only(model: str) -> bool | None:
+    """Whether `--model` names an English-only checkpoint, without loading it: a local
+    directory by its vocabulary size (51864 English-only, 51865+ multilingual), any other
+    spec (presets, hub ids) by its name ending in ".en". None when it cannot be told."""
+    path = Path(model).expanduser()
+    if model not in PRESET_NAMES and path.is_dir():
+        vocab = _vocab_size_of_dir(path)
+        if vocab is not None:
+            return vocab == _ENGLISH_ONLY_VOCAB
+    if model.rstrip("/").lower().endswith(".en"):
+        return True
+    return None
+
+
+def check_model_options(model: str, draft: str | None, mode: str, language: str | None, task: str) -> None:
+    """Usage errors (exit 2) that need no model loaded: the draft a speculative mode needs,
+    the language and task an English-only model can do. `language` None means auto."""
+    from specasr.tokenizer import LANGUAGES  # no torch
+
+    speculative = mode != "autoregressive"
+    if speculative and draft == "none":
+        raise click.UsageError(
+            f"--mode {mode} needs a draft model; drop --draft none or use --mode autoregressive"
+        )
+    path_like = model.startswith((".", "/", "~"))  # a missing path: loading says so (exit 1)
+    not_preset = model not in PRESET_NAMES and (
+        Path(model).expanduser().exists() or ("/" in model and not path_like)
+    )
+    if speculative and draft in (None, "default") and not_preset:
+        raise click.UsageError(
+            f"--model {model} has no default draft: name one with --draft (self:K, a distilled draft "
+            "file or a model) or use --mode autoregressive"
+        )
+    if draft and draft.startswith("self:") and not draft.removeprefix("self:").isdigit():
+        raise click.BadParameter(
+            f"{draft!r}: expected self:K with K a number of layers", param_hint="'--draft'"
+        )
+    if language is not None and language not in LANGUAGES:
+        raise click.BadParameter(
+            f"unknown language {language!r}; use a Whisper language code (en, de, fr, …) or 'auto'",
+            param_hint="'--language'",
+        )
+    if english_only(model):
+        if task == "translate":
+            raise click.UsageError(
+                f"--model {model} is English-only and cannot translate; use a multilingual model"
+            )
+        if language not in (None, "en"):
+            raise click.UsageError(
+                f"--model {model} is English-only: --language {language} is not available; "
+                "use a multilingual model (e.g. base)"
+            )
+
+
+def check_loaded(pair, mode: str, language: str | None, task: str) -> None:
+    """The checks of `check_model_options` again against the loaded model (exit 2 once,
+    not an error per file), for what could not be told before loading."""
+    tok = pair.tokenizer
+    if mode != "autoregressive" and pair.draft is None:
+        raise click.UsageError(
+            f"--mode {mode} needs a draft model; name one with --draft or use --mode autoregressive"
+        )
+    if not tok.multilingual:
+        if task == "translate":
+            raise click.UsageError(f"{pair.target_name} is English-only and cannot translate")
+        if language not in (None, "en"):
+            raise click.UsageError(
+                f"{pair.target_name} is English-only: --language {language} is not available"
+            )
+    elif language is not None and language not in tok.language_tokens:
+        raise click.BadParameter(
+            f"{pair.target_name} has no language {language!r}", param_hint="'--language'"
+        )
+
+
+def prepare_output_dir(output_dir: str) -> None:
+    """Creates --output-dir and checks that files can be made in it; a usage error (exit 2)
+    naming the directory and the reason otherwise."""
+    path = Path(output_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".specasr-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise click.BadParameter(
+            f"cannot write to {output_dir!r}: {reason}" + (f" ({e.filename})" if e.filename else ""),
+            param_hint="'--output-dir'",
+        ) from e
+
 
 def load_models(model: str, draft: str | None, mode: str, device: str | None, dtype: str | None):
     """The ModelPair for `--model/--draft/--device/--dtype`; no draft for target-only decoding.
-    A model that cannot be loaded is reported on stderr and exits with status 1."""
+    A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
+    is reported on stderr and exits with status 1."""
+    check_device(device)
     import torch
 
     from specasr.models.loading import load_pair

@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -41,6 +42,30 @@ def _eval_report(output_dir: str, config: dict, records: list[dict]) -> dict:
     if not summary["plot"]:
         click.echo(f"no {out / PLOT}: the plot needs matplotlib (pip install matplotlib)", err=True)
     return summary
+
+
+def _fail(error: Exception | str) -> NoReturn:
+    """A dataset definition or output directory that cannot be used: a message, exit 2."""
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)
+
+
+def _interrupted(output_dir: str, evaluator) -> NoReturn:
+    """Ctrl-C: says what is done, reports it, exits 130 (128 + SIGINT)."""
+    from specasr.eval.runner import CONFIG, merge
+
+    if evaluator is None or evaluator.total == 0 or not (Path(output_dir) / CONFIG).is_file():
+        click.echo("interrupted before decoding began; nothing was decoded", err=True)
+        sys.exit(130)
+    e = evaluator
+    click.echo(
+        f"interrupted: {e.done} of {e.total} decodes done ({e.written} written by this run"
+        + (f", {e.failed} failed" if e.failed else "")
+        + f"); {output_dir} keeps them: rerun the same command to resume",
+        err=True,
+    )
+    _eval_report(output_dir, *merge([output_dir]))
+    sys.exit(130)
 
 
 @click.command(name="eval")
@@ -95,9 +120,25 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
 
     NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, or manifest (--data-dir is
     then a jsonl/csv file). `specasr eval merge DIR... -o OUT` merges shard outputs into OUT.
-    Reruns with the same --output-dir resume. Exit status 1 if any utterance failed.
+    Reruns with the same --output-dir resume.
+
+    Exit status 2, before any model is loaded, for a bad option, a data directory or
+    manifest that cannot be read (the file and line are named), or an --output-dir whose
+    results.jsonl does not read back or that holds another run (a different draft or dtype
+    shows once the models are loaded). An utterance whose audio cannot be read or decoded
+    (a span past the end of its file, say) is recorded as failed and the run goes on; exit
+    status 1 then. On Ctrl-C what is done is said, kept and reported (exit status 130);
+    rerun to resume.
     """
-    from specasr.eval.runner import EvalOptions, Evaluator, merge, paper_options, select
+    from specasr.eval.runner import (
+        EvalOptions,
+        Evaluator,
+        ResultsError,
+        check_output_dir,
+        merge,
+        paper_options,
+        select,
+    )
     from specasr.recipes import DATASETS, DatasetError, DownloadError
 
     if name == "merge":
@@ -105,6 +146,8 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
             raise click.UsageError("usage: specasr eval merge DIR... --output-dir OUT")
         try:
             config, records = merge(merge_dirs)
+        except ResultsError as e:
+            _fail(e)
         except ValueError as e:
             raise click.UsageError(str(e)) from e
         Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -157,24 +200,35 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
         raise click.UsageError("give --data-dir (or --download for LibriSpeech and TED-LIUM)")
     try:
         utts = select(recipe.load(data_dir), options)
-    except DatasetError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
-    speculative = any(m != "autoregressive" for m in options.modes)
-    pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
+    except DatasetError as e:  # the dataset's definition itself: nothing is decoded
+        _fail(e)
+    except OSError as e:  # an unreadable transcript or listing
+        _fail(f"cannot read the dataset: {e}")
     output_dir = output_dir or f"eval-{name}"
-    meta = {"dataset": name, "model": model, "draft": pair.draft_name if speculative else None}
-    meta |= {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch.")}
-    evaluator = Evaluator(pair, options, output_dir, meta)
-    click.echo(f"{name}: {len(utts)} utterances, modes {', '.join(options.modes)} -> {output_dir}", err=True)
+    meta = {"dataset": name, "model": model} | options.config()
+    try:  # a resumed run's directory, before the models load
+        check_output_dir(output_dir, meta)
+    except ResultsError as e:
+        _fail(e)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    speculative = any(m != "autoregressive" for m in options.modes)
+    evaluator = None
     try:
+        pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
+        meta = {"dataset": name, "model": model, "draft": pair.draft_name if speculative else None}
+        meta |= {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch.")}
+        evaluator = Evaluator(pair, options, output_dir, meta)
+        click.echo(
+            f"{name}: {len(utts)} utterances, modes {', '.join(options.modes)} -> {output_dir}", err=True
+        )
         records = evaluator.run(utts)
+    except ResultsError as e:
+        _fail(e)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     except KeyboardInterrupt:
-        click.echo(f"interrupted: {output_dir} holds what is done; rerun the command to resume", err=True)
-        _eval_report(output_dir, *merge([output_dir]))
-        sys.exit(130)
+        _interrupted(output_dir, evaluator)
     _eval_report(output_dir, evaluator.meta, records)
     if evaluator.failed:
         click.echo(f"{evaluator.failed} decode(s) failed (see the error field in results.jsonl)", err=True)

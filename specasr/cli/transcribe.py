@@ -1,19 +1,39 @@
 """`specasr transcribe`: files, directories and globs to transcripts and subtitle files.
 
-Exit codes: 0 success, 1 some input failed (the others were still processed), 2 usage error.
+Exit codes: 0 success, 1 some input failed (the others were still processed), 2 usage error
+(found before any model is loaded where it can be), 130 interrupted (Ctrl-C; what was done
+is summarised).
+
+Output names: each input's path relative to the common parent folder of all inputs, without
+its audio suffix (`A/x.wav B/x.wav -o out` -> out/A/x.txt, out/B/x.txt; one input -> out/x.txt).
+The outputs' sources are recorded (`writers.provenance`), so --skip-existing skips only
+outputs made from the same file, and a per-output lock keeps concurrent runs apart.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
+import math
+import os
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from specasr.cli.common import DEFAULTS, gamma_options, load_models, model_options
+from specasr.cli.common import (
+    DEFAULTS,
+    check_device,
+    check_loaded,
+    check_model_options,
+    gamma_options,
+    load_models,
+    model_options,
+    prepare_output_dir,
+)
 from specasr.options import MODES, STRATEGIES, TranscribeOptions, fallback_schedule
 from specasr.writers import FORMATS
 
@@ -23,7 +43,7 @@ _AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".w
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Files, directories (searched recursively for audio files) and globs -> (files, unmatched)."""
-    files, unmatched = [], []
+    files, unmatched, seen = [], [], set()
     for item in inputs:
         path = Path(item)
         if path.is_dir():
@@ -35,21 +55,34 @@ def _expand_inputs(inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
         else:
             found = sorted(p for p in glob.glob(item, recursive=True) if Path(p).is_file())
         if found:
-            files += [f for f in found if f not in files]
+            for f in found:  # one entry per file, however it was named (a.wav, ./a.wav)
+                if (key := os.path.abspath(f)) not in seen:
+                    seen.add(key)
+                    files.append(f)
         else:
             unmatched.append(item)
     return files, unmatched
 
 
 def _output_stems(files: list[str]) -> list[str]:
-    """Output name per input: its stem, made unique with -2, -3 … when stems collide."""
-    seen: dict[str, int] = {}
-    stems = []
-    for f in files:
-        stem = Path(f).stem
-        seen[stem] = seen.get(stem, 0) + 1
-        stems.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
-    return stems
+    """Output name per input, stable and unique for a set of inputs in any order: its path
+    relative to the common parent folder of all the inputs, without its audio suffix
+    (A/x.wav, B/x.wav -> "A/x", "B/x"; one input -> its stem). Inputs that would still share
+    a name (x.wav and x.mp3 in one folder) keep their suffix ("x.wav", "x.mp3"); any left
+    after that get a short hash of their absolute path."""
+    if not files:
+        return []
+    absolute = [os.path.abspath(f) for f in files]
+    root = os.path.commonpath([os.path.dirname(a) for a in absolute])
+    relative = [Path(os.path.relpath(a, root)) for a in absolute]
+    stems = [r.with_name(r.stem).as_posix() for r in relative]
+    counts = Counter(stems)
+    stems = [r.as_posix() if counts[s] > 1 else s for r, s in zip(relative, stems)]
+    counts = Counter(stems)
+    return [
+        s if counts[s] == 1 else f"{s}-{hashlib.sha1(a.encode()).hexdigest()[:8]}"
+        for s, a in zip(stems, absolute)
+    ]
 
 
 @click.command()
@@ -84,7 +117,8 @@ def _output_stems(files: list[str]) -> list[str]:
     "-o",
     type=click.Path(file_okay=False, path_type=str),
     default=None,
-    help="Write <name>.<format> files here (default: print to stdout).",
+    help="Write <name>.<format> files here, mirroring the inputs' folders below their common "
+    "parent (default: print to stdout).",
 )
 @click.option(
     "--batch-size",
@@ -103,7 +137,10 @@ def _output_stems(files: list[str]) -> list[str]:
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
 @click.option("--stats", is_flag=True, help="Print speculative-decoding statistics per file to stderr.")
 @click.option(
-    "--skip-existing", is_flag=True, help="Skip inputs whose outputs are all in --output-dir already."
+    "--skip-existing",
+    is_flag=True,
+    help="Skip inputs whose outputs are all in --output-dir already, made from the same file "
+    "(same path, size and modification time).",
 )
 def transcribe(
     inputs,
@@ -129,8 +166,12 @@ def transcribe(
     """Transcribe audio INPUTS (files, directories, globs) of any length.
 
     With one input and no --output-dir the transcript goes to stdout; several inputs print
-    "path: text" lines. Exit status 1 if any input failed (the others are still done).
+    "path: text" lines. Exit status 1 if any input failed (the others are still done), 2 for
+    a usage error (before any model is loaded), 130 when interrupted.
     """
+    started = time.time()  # outputs written after this by another run are never overwritten
+    if not math.isfinite(temperature) or temperature < 0:
+        raise click.BadParameter(f"{temperature}: must be a finite number >= 0", param_hint="'--temperature'")
     try:
         decode = replace(
             _TRANSCRIBE.decode,
@@ -163,16 +204,29 @@ def transcribe(
             raise click.UsageError("several formats need --output-dir")
         if (len(inputs) > 1 or len(files) > 1) and formats != ["txt"]:
             raise click.UsageError("several inputs print plain text; use --output-dir for other formats")
-    pair = load_models(model, draft, mode, device, dtype)
+    check_model_options(model, draft, mode, decode.language, task)
     if output_dir is not None:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-    for item in unmatched:
-        click.echo(f"error: {item}: no such file, or no audio files match", err=True)
-    batch = _Batch(
-        pair, options, formats, output_dir, skip_existing, stats, n_inputs=len(files) + len(unmatched)
-    )
-    batch.run(files)
-    batch.failed += len(unmatched)
+        prepare_output_dir(output_dir)
+    check_device(device)  # imports torch for cuda/mps/xpu, so after the cheap checks
+    batch = None
+    try:
+        pair = load_models(model, draft, mode, device, dtype)
+        for item in unmatched:
+            click.echo(f"error: {item}: no such file, or no audio files match", err=True)
+        batch = _Batch(
+            pair, options, formats, output_dir, skip_existing, stats, n_inputs=len(files) + len(unmatched)
+        )
+        batch.started = started
+        batch.failed += len(unmatched)
+        batch.run(files)
+    except KeyboardInterrupt:
+        if batch is None:
+            click.echo("interrupted before any file was transcribed", err=True)
+        else:
+            click.echo(f"interrupted: {batch.summary()}", err=True)
+            if batch.failed:
+                click.echo(f"{batch.failed} of {batch.n_inputs} file(s) failed", err=True)
+        sys.exit(130)
     click.echo(batch.summary(), err=True)
     if batch.failed:
         click.echo(f"{batch.failed} of {batch.n_inputs} file(s) failed", err=True)
@@ -193,26 +247,98 @@ class _Batch:
         self.total = DecodeStats()
         self.quiet = not sys.stderr.isatty()
         self.t0 = time.perf_counter()
+        self.started = time.time()
 
     def run(self, files: list[str]) -> None:
         from tqdm import tqdm
 
+        from specasr import writers
+
+        dec = self.options.decode  # what only the loaded model can tell: exit 2, once, before any file
+        check_loaded(self.pair, dec.mode, dec.language, dec.task)
         stems = _output_stems(files)
+        if self.output_dir is not None:  # temporary files left by runs that were killed
+            folders = {(Path(self.output_dir) / stem).parent for stem in stems}
+            for folder in sorted(folders):
+                writers.clean_stale_temps(folder)
+        busy = []
         with tqdm(total=len(files), desc="files", unit="file", disable=self.quiet, position=0) as bar:
             for path, stem in zip(files, stems):
-                self.one(path, stem, single=self.n_inputs == 1)
+                if not self.one(path, stem, single=self.n_inputs == 1, last_try=False):
+                    busy.append((path, stem))  # another run is writing it: try again at the end
+                else:
+                    bar.update(1)
+            for path, stem in busy:
+                self.one(path, stem, single=False, last_try=True)
                 bar.update(1)
 
-    def one(self, path: str, stem: str, single: bool) -> None:
+    def _check_existing(self, path: str, stem: str, source: dict) -> str | None:
+        """What to do with `stem`'s existing outputs: "skip", "refuse" (another run wrote
+        them from another source during this run; reported), or None (transcribe)."""
+        from specasr import writers
+
+        paths = writers.output_paths(stem, self.output_dir, self.formats)
+        record = writers.provenance(stem, self.output_dir)
+        present = {fmt: record.get(fmt) for fmt, p in paths.items() if p.is_file()}
+        ours = [fmt for fmt, r in present.items() if r is not None and r["source"] == source]
+        if len(ours) == len(paths) and (
+            self.skip_existing or all(present[f].get("written_at", 0) >= self.started for f in ours)
+        ):
+            return "skip"  # with --skip-existing, or another run just made them from this same file
+        for fmt, r in present.items():
+            if r is None or r["source"] == source:
+                continue
+            other = r["source"].get("path", "another file")
+            if r.get("written_at", 0) >= self.started:
+                click.echo(
+                    f"error: {paths[fmt]} was written from {other} by another run while this one "
+                    f"ran; not overwritten with {path} (use another --output-dir)",
+                    err=True,
+                )
+                return "refuse"
+            click.echo(f"warning: overwriting {paths[fmt]}, made from {other}, with {path}", err=True)
+        return None
+
+    def one(self, path: str, stem: str, single: bool, last_try: bool = True) -> bool:
+        """Transcribes one input; False when its output name is locked by another run and
+        this is not the last try (the caller comes back to it)."""
+        from specasr import writers
+
+        if self.output_dir is None:
+            self._transcribe(path, stem, single, None)
+            return True
+        try:
+            with writers.output_lock(stem, self.output_dir):
+                try:
+                    source = writers.source_record(path)
+                except OSError as e:
+                    self._failed(path, e)
+                    return True
+                action = self._check_existing(path, stem, source)
+                if action == "skip":
+                    self.skipped += 1
+                elif action == "refuse":
+                    self.failed += 1
+                else:
+                    self._transcribe(path, stem, single, source)
+        except writers.OutputBusyError as e:
+            if not last_try:
+                return False
+            self._failed(path, e)
+        except OSError as e:  # the lock could not be made (an unwritable subfolder …)
+            self._failed(path, e)
+        return True
+
+    def _failed(self, path: str, e: Exception) -> None:
+        self.failed += 1
+        click.echo(f"error: {path}: {e}" if str(path) not in str(e) else f"error: {e}", err=True)
+
+    def _transcribe(self, path: str, stem: str, single: bool, source: dict | None) -> None:
         from tqdm import tqdm
 
         from specasr import writers
         from specasr.transcription import transcribe
 
-        if self.output_dir is not None and self.skip_existing:
-            if all(p.is_file() for p in writers.output_paths(stem, self.output_dir, self.formats).values()):
-                self.skipped += 1
-                return
         try:
             segments, info = transcribe(path, self.pair, self.options)
             done = []
@@ -223,14 +349,15 @@ class _Batch:
                     done.append(seg)
                     bar.update(round(seg.end, 1) - bar.n)
             if self.output_dir is not None:
-                writers.write(done, info, stem, self.output_dir, self.formats)
+                writers.write(done, info, stem, self.output_dir, self.formats, source=source)
             elif single:
-                click.echo(writers.RENDERERS[self.formats[0]](done, info), nl=False)
+                if source is None and self.formats[0] == "json":
+                    source = writers.source_record(path)
+                click.echo(writers.render(self.formats[0], done, info, source), nl=False)
             else:
                 click.echo(f"{path}: " + " ".join(s.text.strip() for s in done))
         except Exception as e:  # a batch reports the file and goes on, whatever went wrong
-            self.failed += 1
-            click.echo(f"error: {path}: {e}" if str(path) not in str(e) else f"error: {e}", err=True)
+            self._failed(path, e)
             return
         self.done += 1
         self.audio_s += info.duration
@@ -246,7 +373,13 @@ class _Batch:
         if t.proposed:
             alpha = f"{t.token_acceptance:.3f} (accepted/proposed {t.acceptance_rate:.3f})"
         return (
-            f"files: {self.done} done, {self.skipped} skipped, {self.failed} failed; "
+            f"files: {self.done} done, {self.skipped} skipped, {self.failed} failed"
+            + (
+                f", {left} not started"
+                if (left := self.n_inputs - self.done - self.skipped - self.failed)
+                else ""
+            )
+            + "; "
             f"audio {self.audio_s:.1f} s, wall {wall:.1f} s, real-time factor {rtf:.3f}, "
             f"α̂ per token {alpha}"
         )

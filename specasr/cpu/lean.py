@@ -48,7 +48,11 @@ class LeanDecoder:
             for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own
                 box = nn.Module()
                 for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    box.add_module(proj, shared_form(TransposedLinear, getattr(getattr(hf, name), proj)))
+                    linear = getattr(getattr(hf, name), proj)
+                    if name == "encoder_attn" and proj in ("k_proj", "v_proj"):
+                        box.add_module(proj, linear)  # only ever 1500 rows (cross K/V): plain F.linear
+                    else:
+                        box.add_module(proj, shared_form(TransposedLinear, linear))
                 setattr(layer, name, box)
             layer.fc1 = shared_form(TransposedLinear, hf.fc1)
             layer.fc2 = shared_form(TransposedLinear, hf.fc2)

@@ -80,8 +80,31 @@ def select(utts: Sequence, options: EvalOptions) -> list:
     return utts[i::n]
 
 
+class ResultsError(ValueError):
+    """An eval output directory's results.jsonl or config.json that cannot be read back."""
+
+
+# what every record holds, and what a decoded one (error None) holds besides: report.py reads them
+_KEYS = ("id", "mode", "error", "reference_norm")
+_DECODED_KEYS = ("hypothesis_norm", "errors", "duration", "wall_s", "stats")
+
+
+def _record_problem(rec) -> str | None:
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not a result record"
+    missing = [k for k in _KEYS + (_DECODED_KEYS if rec.get("error") is None else ()) if k not in rec]
+    if missing:
+        return f"a record without {', '.join(missing)}"
+    if not all(isinstance(rec[k], str) for k in ("id", "mode", "reference_norm")):
+        return "a record whose id, mode or reference_norm is not a string"
+    return None
+
+
 def read_results(path: Path) -> list[dict]:
-    """Records of a results.jsonl; a truncated last line (an interrupted write) is cut off."""
+    """Records of a results.jsonl; a truncated last line (an interrupted write) is cut off.
+
+    Any other line that is not a record raises `ResultsError` naming the file and the line.
+    """
     path = Path(path)
     if not path.is_file():
         return []
@@ -90,7 +113,57 @@ def read_results(path: Path) -> list[dict]:
         with open(path, "r+b") as f:
             f.truncate(data.rfind(b"\n") + 1)
         data = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    records = []
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            problem = (
+                f"not JSON ({e.msg} at column {e.colno})" if isinstance(e, json.JSONDecodeError) else str(e)
+            )
+        else:
+            problem = _record_problem(rec)
+        if problem is not None:
+            raise ResultsError(
+                f"{path}:{lineno}: {problem}. Delete that line (its utterance is decoded again), "
+                "or move the file aside or use another --output-dir to start over"
+            )
+        records.append(rec)
+    return records
+
+
+def read_config(directory: str | Path) -> dict | None:
+    """The config.json of an eval output directory; None when there is none."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        config = e
+    if not isinstance(config, dict) or not isinstance(config.get("modes"), list):
+        raise ResultsError(
+            f"{path}: not an eval run's configuration; move the directory aside or use another --output-dir"
+        )
+    return config
+
+
+def check_output_dir(directory: str | Path, meta: dict) -> int:
+    """What can be checked of a resumed run before any model is loaded: the keys of `meta`
+    (the run's configuration as far as it is known) match config.json, and results.jsonl
+    reads back. Returns the number of records there; raises ValueError (ResultsError)."""
+    directory = Path(directory)
+    old = read_config(directory)
+    if old is not None:
+        new = json.loads(json.dumps(meta))
+        if any(k in old and old[k] != v for k, v in _comparable(new).items()):
+            raise ValueError(
+                f"{directory} holds a run with another configuration ({directory / CONFIG}); "
+                "use another --output-dir or delete it"
+            )
+    return len(read_results(directory / RESULTS))
 
 
 @dataclass
@@ -131,11 +204,14 @@ class Evaluator:
         self.dir = Path(output_dir)
         self.meta = {**meta, **options.config()}
         self.failed = 0
+        # progress, for a report when the run is interrupted: decodes asked for, decodes in
+        # results.jsonl (from earlier runs and this one), decodes written by this run
+        self.total = self.done = self.written = 0
 
     def _check_config(self) -> None:
         path = self.dir / CONFIG
-        if path.is_file():
-            old = json.loads(path.read_text())
+        old = read_config(self.dir)
+        if old is not None:
             if _comparable(old) != _comparable(json.loads(json.dumps(self.meta))):
                 raise ValueError(
                     f"{self.dir} holds a run with another configuration ({path}); "
@@ -160,10 +236,11 @@ class Evaluator:
         running = _Running()
         for r in records:
             running.add(r)
+        total = len(utts) * len(self.options.modes)
+        self.total, self.done, self.written = total, len(done), 0
         todo = [u for u in utts if any((u.id, m) not in done for m in self.options.modes)]
         if todo:
             self._warm_up(todo[0])
-        total = len(utts) * len(self.options.modes)
         bs = self.options.batch_size
         with (
             open(path, "a", encoding="utf-8") as out,
@@ -179,6 +256,8 @@ class Evaluator:
                         records.append(rec)
                         running.add(rec)
                         self.failed += rec["error"] is not None
+                        self.written += 1
+                        self.done += rec["error"] is None
                     bar.update(len(todo))
                     bar.set_postfix(running.postfix(), refresh=False)
         return records
@@ -291,7 +370,7 @@ def merge(dirs: Sequence[str | Path]) -> tuple[dict, list[dict]]:
         path = Path(d) / CONFIG
         if not path.is_file():
             raise ValueError(f"{d} is not an eval output directory (no {CONFIG})")
-        configs.append(json.loads(path.read_text()))
+        configs.append(read_config(d))
         for r in read_results(Path(d) / RESULTS):
             key = (r["id"], r["mode"])
             if key not in records or records[key]["error"] is not None:

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
-CONVERTER_VERSION = 3  # bump when the output format changes; it is part of the cache key (3: fp32, Wᵀ)
+CONVERTER_VERSION = 4  # bump when the output format changes; it is part of the cache key (4: fp32, Wᵀ)
 _CT2_DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 

@@ -247,13 +247,14 @@ def read_safetensors(
     return out
 
 
-# The decoder's matrices (and the tied token embedding, which is its output head) as Wᵀ [in, out]:
+# The decoder's matrices (and the tied token embedding, which is its output head) as Wᵀ [in, out]
+# (all but cross-attention K/V, which only ever multiply 1500 encoder rows at once):
 # the layout the CPU decoder multiplies by (`specasr.cpu.linear.TransposedLinear`). The
 # conversion cache stores them beside the weights, so a CPU load reads them in place instead of
 # transposing 200 MB (base) on every start; a model's Linear then holds Wᵀ's transposed view.
 TRANSPOSED_FILE = "transposed.safetensors"
 _TRANSPOSED = re.compile(
-    r"^model\.decoder\.(layers\.\d+\.((self_attn|encoder_attn)\.(q|k|v|out)_proj|fc1|fc2)|embed_tokens)\.weight$"
+    r"^model\.decoder\.(layers\.\d+\.(self_attn\.(q|k|v|out)_proj|encoder_attn\.(q|out)_proj|fc1|fc2)|embed_tokens)\.weight$"
 )
 
 

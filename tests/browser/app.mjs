@@ -44,6 +44,10 @@ try {
   await page.waitForFunction((el) => el.value.trim().length > 0, await transcript.elementHandle());
   result.transcript = await transcript.inputValue();
   result.stats = await page.locator('#stats').innerText();
+  result.speculation = await page.locator('#speculation').innerText();
+  // the plot of accepted draft tokens per verify step renders after the values arrive
+  await page.locator('#accepted canvas, #accepted svg').first().waitFor({ timeout: 15_000 }).catch(() => {});
+  result.plot = (await page.locator('#accepted canvas, #accepted svg').count()) > 0;
   if (flags.includes('--compare')) {
     await page.locator('#compare').click();
     await page.locator('#speedup').getByText('Speedup').waitFor();

@@ -64,10 +64,10 @@ def _ours(pair, options: TranscribeOptions):
     return run
 
 
-def _faster_whisper(ct2_dir: Path, threads: int):
+def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32"):
     from faster_whisper import WhisperModel
 
-    model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32", cpu_threads=threads)
+    model = WhisperModel(str(ct2_dir), device="cpu", compute_type=compute_type, cpu_threads=threads)
 
     def run(audio: np.ndarray):
         segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language="en")
@@ -92,7 +92,7 @@ def _faster_whisper(ct2_dir: Path, threads: int):
 def main(model, draft, mode, batch_size, repeats, data, with_fw, device) -> None:
     import torch
 
-    from specasr.models.loading import load_pair, offline_files
+    from specasr.models.loading import load_pair
 
     rec = long_recording(data)
     duration = len(rec.samples) / SAMPLE_RATE
@@ -110,11 +110,16 @@ def main(model, draft, mode, batch_size, repeats, data, with_fw, device) -> None
             pair, replace(spec, strategy="chunked", batch_size=batch_size)
         ),
     }
-    if with_fw:
-        ct2_dir = Path(offline_files(model).tokenizer).parent
-        configs["faster-whisper (CTranslate2 fp32, greedy)"] = _faster_whisper(
-            ct2_dir, torch.get_num_threads()
-        )
+    if with_fw:  # the same weights: the preset's packaged CTranslate2 files, parts joined
+        import tempfile
+
+        from specasr.research.whole_process import ct2_dir
+
+        fw_dir = ct2_dir(Path(tempfile.mkdtemp(prefix="specasr-ct2-")), model)
+        for ct in ("float32", "int8"):
+            configs[f"faster-whisper (CTranslate2 {ct}, greedy)"] = _faster_whisper(
+                fw_dir, torch.get_num_threads(), ct
+            )
     times: dict[str, list[float]] = {name: [] for name in configs}
     outputs = {}
     for name, run in configs.items():  # warm-up, and the transcripts

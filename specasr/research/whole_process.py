@@ -68,12 +68,13 @@ def run_measured(command: list[str]) -> tuple[float, float, str]:
         return wall, usage.ru_maxrss / 1024, out.read()
 
 
-def ct2_dir(root: Path) -> Path:
-    """The packaged base CTranslate2 files as one directory faster-whisper can load."""
+def ct2_dir(root: Path, preset: str = "base") -> Path:
+    """A packaged preset's CTranslate2 files (model.bin parts joined) as one directory
+    faster-whisper can load, under `root`."""
     from specasr.models.loading import offline_files
 
-    files = offline_files("base")
-    out = root / "ct2-base"
+    files = offline_files(preset)
+    out = root / f"ct2-{preset}"
     if not (out / "model.bin").is_file():
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "model.bin.tmp", "wb") as dst:

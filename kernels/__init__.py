@@ -17,7 +17,7 @@ import torch
 from specasr.constants import BACKENDS
 from specasr.constants import VERIFY_MODES as MODES
 
-from . import exact_torch, exact_triton, sigmoid
+from . import exact_torch, sigmoid
 from ._common import HAS_TRITON, check_inputs, first_argmax
 from .reference import baseline, greedy, make_randomness
 from .sigmoid import DEFAULT_SCALE
@@ -64,6 +64,8 @@ def verify(
     if _use_triton(backend, target_logits.device):
         if mode == "sigmoid":
             return sigmoid.sigmoid_triton(*args, temperature=temperature, sigmoid_scale=sigmoid_scale)
+        from . import exact_triton  # imports Triton: only on this path, never on a CPU run
+
         return exact_triton.launch(*args, temperature=temperature)
     if temperature == 0:
         return greedy(target_logits, draft_tokens, argmax=first_argmax)

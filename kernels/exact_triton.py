@@ -31,16 +31,8 @@ Bytes moved per call (s = logit itemsize; lower bound B(2G+1)V·s, every logit r
 
 import torch
 
-from ._common import (
-    HAS_TRITON,
-    _arrive,
-    _scaled,
-    _sigmoid_prob,
-    arrival_counters,
-    next_pow2,
-    tl,
-    triton,
-)
+from ._common import HAS_TRITON, arrival_counters, next_pow2
+from ._triton import _arrive, _scaled, _sigmoid_prob, tl, triton
 
 BLOCK_LSE = 4096  # vocabulary tile of the read-everything kernels (launch 1, greedy)
 BLOCK_RES = 2048  # vocabulary tile of the residual kernel: more programs for one row at B = 1

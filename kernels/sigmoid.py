@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from . import exact_triton
 from .reference import accepted_count, greedy, noise_at, sample_residual
 
 DEFAULT_SCALE = (-1e3, 1e3)
@@ -76,6 +75,8 @@ def sigmoid_triton(
     sigmoid_scale: tuple[float, float] = DEFAULT_SCALE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sigmoid Triton kernel (one launch); same arguments and results as `sigmoid_torch`."""
+    from . import exact_triton  # imports Triton (CUDA, or TRITON_INTERPRET=1)
+
     return exact_triton.launch(
         target_logits, draft_logits, draft_tokens, uniforms, noise,
         temperature=temperature, sigmoid_scale=tuple(map(float, sigmoid_scale)),

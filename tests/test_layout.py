@@ -130,3 +130,31 @@ def test_top_level_api_is_lazy():
         "specasr.transcription",
         "True",
     ]
+
+
+def test_a_cpu_verify_never_imports_triton():
+    """Triton costs about 0.3 s and 70 MB resident at import; CPU runs load the whole
+    decoding stack and run every verifier mode without it, and the CUDA path still finds it."""
+    probe = (
+        "import sys, torch\n"
+        "import specasr.transcription, specasr.decode.loop\n"
+        "from specasr import kernels\n"
+        "t = torch.randn(1, 3, 11); d = torch.randn(1, 2, 11); tok = torch.tensor([[1, 2]])\n"
+        "u = torch.rand(1, 2); e = torch.ones(1, 11)\n"
+        "for mode in kernels.MODES:\n"
+        "    for T in (0.0, 1.0):\n"
+        "        kernels.verify(t, d, tok, u, e, temperature=T, mode=mode)\n"
+        "print('triton' in sys.modules)\n"
+        "from specasr.kernels import exact_triton\n"
+        "print('triton' in sys.modules, exact_triton.HAS_TRITON == kernels.HAS_TRITON)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    lines = out.stdout.split("\n")
+    assert lines[0] == "False"
+    assert lines[1] == f"{kernels_has_triton()} True"
+
+
+def kernels_has_triton() -> bool:
+    from specasr.kernels._common import HAS_TRITON
+
+    return HAS_TRITON

@@ -14,7 +14,7 @@ from tiny_pairs import random_tiny_pair
 from specasr.decode.loop import decode
 from specasr.models.convert import cached_conversion
 from specasr.models.loading import load_pair, offline_files
-from specasr.models.whisper import TRANSPOSED_FILE, load_whisper, read_safetensors
+from specasr.models.whisper import TRANSPOSED_FILE, from_tensors, load_whisper, read_safetensors
 from specasr.options import DecodeOptions
 
 
@@ -90,11 +90,44 @@ def test_transposed_cache_holds_the_same_weights():
     side = read_safetensors(directory / TRANSPOSED_FILE)
     main = read_safetensors(directory / "model.safetensors", skip=set())
     assert side and all(torch.equal(wt.t(), main[k]) for k, wt in side.items())
-    assert any("embed_tokens" in k for k in side) and not any(k.startswith("model.encoder.") for k in side)
+    assert not any("embed_tokens" in k or k.startswith("model.encoder.") for k in side)
     model = load_whisper(directory, torch.float32, torch.device("cpu"))
     layer = model.model.decoder.layers[0].self_attn.q_proj.weight
     assert layer.t().is_contiguous()  # the model holds Wᵀ's view: no second copy to build
     assert torch.equal(layer, main["model.decoder.layers.0.self_attn.q_proj.weight"])
+
+
+@pytest.mark.slow  # real weights
+def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
+    """From the conversion cache on CPU: the tied embedding is a map of the file (only
+    looked-up rows resident) and the head is its oneDNN-packed form; the encoder's matrices
+    rest in fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32
+    model's, the head's products equal F.linear up to summation order."""
+    from specasr.cpu.linear import HalfStoredLinear, PackedHead
+    from specasr.models import mapped
+
+    directory = cached_conversion(offline_files("tiny.en"))
+    main = read_safetensors(directory / "model.safetensors")
+    model = load_whisper(directory, torch.float32, torch.device("cpu"))
+    embed = model.model.decoder.embed_tokens.weight
+    assert embed.data_ptr() in mapped._MAPS and torch.equal(embed, main["model.decoder.embed_tokens.weight"])
+    assert isinstance(model.proj_out, PackedHead) and model.proj_out.weight is embed
+    assert model.model.decoder.head is model.proj_out
+    x = torch.randn(3, 5, embed.shape[1], generator=torch.Generator().manual_seed(0))
+    for rows in (x[:1, :1], x[:1], x):  # one row (a target step), a verify pass, a batch
+        torch.testing.assert_close(
+            model.proj_out(rows), torch.nn.functional.linear(rows, embed), rtol=1e-5, atol=1e-4
+        )
+    assert mapped.release(embed) and torch.equal(embed[:7], main["model.decoder.embed_tokens.weight"][:7])
+
+    linears = [m for m in model.model.encoder.modules() if isinstance(m, HalfStoredLinear)]
+    assert len(linears) == 6 * model.config.encoder_layers
+    assert all(m.weight.dtype == torch.float16 for m in linears)
+    reference = from_tensors(model.config, main)  # the plain fp32 modules, no run forms
+    assert not any(isinstance(m, HalfStoredLinear) for m in reference.modules())
+    mel = torch.randn(1, model.config.num_mel_bins, 3000, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(model.model.encoder(mel), reference.model.encoder(mel))
 
 
 def test_a_checkpoint_that_does_not_fit_is_refused(saved_tiny, tmp_path):

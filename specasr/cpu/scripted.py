@@ -17,8 +17,9 @@ Both are faster than the eager layers for one-token and few-token passes, by the
 they remove; how much depends on the machine, so the measured times are in
 docs/benchmarks.md ("Component timings behind the CPU code"), not here.
 
-Both write this block's keys and values into the preallocated cache at `start` and attend
-over positions 0 … start+T-1, like the eager layer. TorchScript is deprecated in recent
+Both write this block's keys and values into the preallocated cache at `start` (or, for
+ragged rows, at each row's own positions `write`) and attend over positions 0 … start+T-1,
+like the eager layer. TorchScript is deprecated in recent
 PyTorch: where scripting fails or is gone, `scripted` returns None and the layers stay
 eager.
 """
@@ -70,12 +71,18 @@ def _self_attend(
     V: Tensor,
     mask: Optional[Tensor],  # noqa: UP045 (TorchScript)
     start: int,
+    write: Optional[Tensor],  # noqa: UP045
 ) -> Tensor:
     """Writes k, v [B, H, T, dh] at positions start … start+T-1 of the cache K, V
-    [B, H, 448, dh] and attends over positions 0 … start+T-1 -> [B·T, d]."""
+    [B, H, 448, dh] (ragged rows: at the scatter index `write` [B, H, T, dh], with `start`
+    the greatest row start) and attends over positions 0 … start+T-1 -> [B·T, d]."""
     T = q.shape[2]
-    K[:, :, start : start + T] = k
-    V[:, :, start : start + T] = v
+    if write is None:
+        K[:, :, start : start + T] = k
+        V[:, :, start : start + T] = v
+    else:
+        K.scatter_(2, write, k)
+        V.scatter_(2, write, v)
     return _merge(
         F.scaled_dot_product_attention(
             q, K[:, :, : start + T], V[:, :, : start + T], attn_mask=mask, scale=1.0
@@ -111,8 +118,9 @@ def fp32_layer_step(
     V: Tensor,
     cross_k: Tensor,  # [B, H, S, dh]
     cross_v: Tensor,
-    mask: Optional[Tensor],  # noqa: UP045  [T, start+T] bool, or None when T == 1
+    mask: Optional[Tensor],  # noqa: UP045  [T, start+T] or [B, 1, T, start+T] bool; None: T == 1
     start: int,
+    write: Optional[Tensor],  # noqa: UP045  ragged rows: cache positions [B, H, T, dh]
     heads: int,
     eps: float,
 ) -> Tensor:
@@ -121,7 +129,7 @@ def fp32_layer_step(
     scale = float(x.shape[2] // heads) ** -0.5
     h = _norm(x, ln1_w, ln1_b, eps)
     q, k, v = _lin(h, wq, bq) * scale, _lin(h, wk, bk), _lin(h, wv, bv)
-    y = _self_attend(_heads(q, B, heads), _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start)
+    y = _self_attend(_heads(q, B, heads), _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start, write)
     x = x + _lin(y, wo, bo).view(shape)
     q = _heads(_lin(_norm(x, ln2_w, ln2_b, eps), cwq, cbq) * scale, B, heads)
     x = x + _lin(_merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)), cwo, cbo).view(shape)
@@ -147,8 +155,9 @@ def int8_layer_step(
     V: Tensor,
     cross_k: Tensor,  # [B, H, S, dh]
     cross_v: Tensor,
-    mask: Optional[Tensor],  # noqa: UP045  [T, start+T] bool, or None when T == 1
+    mask: Optional[Tensor],  # noqa: UP045  [T, start+T] or [B, 1, T, start+T] bool; None: T == 1
     start: int,
+    write: Optional[Tensor],  # noqa: UP045  ragged rows: cache positions [B, H, T, dh]
     heads: int,
     eps: float,
 ) -> Tensor:
@@ -156,7 +165,9 @@ def int8_layer_step(
     B, shape = x.shape[0], x.shape
     scale = float(x.shape[2] // heads) ** -0.5
     q, k, v = _q8(_norm(x, ln1_w, ln1_b, eps), qkv).chunk(3, dim=1)  # [B·T, d] each
-    y = _self_attend(_heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start)
+    y = _self_attend(
+        _heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start, write
+    )
     x = x + _q8(y, out).view(shape)
     q = _heads(_q8(_norm(x, ln2_w, ln2_b, eps), cross_q) * scale, B, heads)
     x = x + _q8(_merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)), cross_out).view(shape)

@@ -1,9 +1,12 @@
 """Decoding one batch of 30 s windows: target only (autoregressive) or speculative.
 
 `decode_states` builds the task (start sequence, filters, token limit), then `DecodeLoop`
-runs steps until every row has ended: a target-only step when γ is 0 (or there is no
-draft), else a speculative step (`step.py`: propose, score, verify, commit). The γ policy
+runs steps until every row has ended: a target-only step when there is no draft, else a
+speculative step (`step.py`: propose, score, verify, commit). The γ policy
 (`gamma.py`) picks each step's γ; the stop policy (`stop.py`) may end a draft run early.
+Rows are ragged: each keeps every token it accepted, so rows advance at their own pace
+and end at different steps. The token limit cuts each row's tokens, not γ, so a row takes
+the same passes in a batch as alone (γ is capped only by the cache's 448 positions).
 Finished rows (end of text or token limit) are dropped from both caches, so they stop
 consuming work.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specasr.constants import N_TEXT_CTX
 from specasr.decode.gamma import make_policy
 from specasr.decode.runners import make_runner
 from specasr.decode.stats import Clock, DecodeStats, timed
@@ -55,17 +59,16 @@ class DecodeLoop:
                 self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature),
             )
         while batch.active:
-            gamma = 0 if step is None else max(0, min(self.policy.next(), task.limit - batch.length - 1))
-            if gamma == 0:
+            if step is None:
                 target_step(ctx, batch, target)
             else:
-                self._speculative(step, batch, gamma)
+                room = N_TEXT_CTX - max(batch.lengths)  # cache slots left for the longest row's γ (>= 1)
+                self._speculative(step, batch, min(self.policy.next(), room))
             before = len(batch.active)
             kept = batch.finish(pair.tokenizer.eot, task.limit)
             if kept and len(kept) < before:
-                rows = torch.tensor(kept, device=pair.device)
                 for runner in runners:
-                    runner.keep(rows)
+                    runner.keep(kept)
         ctx.clock.flush()
         return batch
 
@@ -80,7 +83,7 @@ class DecodeLoop:
         used = done.proposal.gamma
         policy.update(
             used,
-            done.advanced - 1,
+            min(done.accepted),  # γ is the batch's: the rows that accepted least speak for it
             stats.draft_s - draft_before,
             stats.target_s - target_before,
             stopped=done.proposal.stopped,

@@ -5,9 +5,11 @@ over plain torch layers. A Whisper target in fp32 on a CPU runs through its `Lea
 view (the same layers with faster product forms); elsewhere (CUDA, fp16) the model's own
 decoder layers run as they are; distilled drafts bring their own runner (`BringsRunner`).
 
-Invariant between passes: a runner holds every context token but the newest, so the next
-pass feeds `context[runner.length:]` plus any new proposals. Rolling back sets a length;
-nothing is recomputed.
+Every row of a runner has its own length (ragged rows: a row keeps every token it
+accepted, whatever the other rows accepted). Invariant between passes: the target runner
+holds every context token but the newest, the draft runner at most that, so the next pass
+feeds row b's `context[lengths[b]:]` plus any new proposals (`step.feed`). Rolling back
+sets lengths; nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -22,23 +24,24 @@ from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
 class Runner(Protocol):
     """What the decoding loop needs of a decoder and its cache."""
 
-    length: int  # positions the cache holds, equal for every row
+    lengths: list[int]  # per row: positions the cache holds
     states: Tensor  # [B, S, d] encoder states of the rows still decoding
 
     def __call__(self, tokens: Tensor, last: int) -> Tensor:
-        """tokens [B, k] at positions length … length+k-1 -> logits [B, last, V] of the final rows."""
+        """tokens [B, k], row b's at positions lengths[b] … lengths[b]+k-1 -> logits
+        [B, last, V] of the final rows."""
         ...
 
-    def rollback(self, length: int) -> None:
-        """Forget every position from `length` on."""
+    def rollback(self, lengths: int | list[int]) -> None:
+        """Forget every position from `lengths` on: one length for all rows, or one per row."""
         ...
 
-    def keep(self, rows: Tensor) -> None:
+    def keep(self, rows: list[int]) -> None:
         """Keep only these batch rows (finished rows stop consuming work)."""
         ...
 
-    def cache_prefix(self) -> list[Tensor]:
-        """Per layer the valid self-attention K and V [B, H, length, dh]."""
+    def cache_prefix(self, row: int) -> list[Tensor]:
+        """Per layer one row's valid self-attention K and V [H, lengths[row], dh]."""
         ...
 
 

@@ -10,12 +10,19 @@ The speculative step (Leviathan et al.; gpt-fast's shape):
    token. Token kinds, as vLLM names them: *accepted* drafts, a *recovered* token at the
    first rejection (drawn from norm(max(0, p − q))), or a *bonus* token when all γ were
    accepted (drawn from p at row γ).
-4. `commit`: rows advance in lockstep by m + 1 tokens, m = the fewest accepted over the
-   rows, and both KV caches roll back to the accepted prefix. A row that accepted more
-   keeps its accepted draft token at position m + 1 instead of the verifier's token. Any
-   prefix of a speculative sample is distributed as the target's, so this is exact in
-   distribution, and at T = 0 it is the greedy sequence. The faster rows' surplus
-   acceptances are the price of a rectangular KV cache.
+4. `commit`: each row b appends its own n_b accepted drafts and the verifier's token, and
+   both KV caches roll back, row by row, to the accepted prefix. Rows are ragged: every
+   row keeps everything it accepted, whatever the others accepted. All rows share γ and
+   the stop policy, so at a fixed γ without a draft stop a row runs exactly the passes it
+   would run alone. Each row's tokens are a speculative sample, distributed as the
+   target's, and at T = 0 they are its greedy sequence.
+
+Ragged rows sit at different positions. A runner keeps a length per row and writes each
+row's keys and values at its own positions behind a per-row mask (`specasr.cpu.lean`).
+Every pass still feeds a rectangle [B, k]: the target's rows always have the same number
+of new tokens, and a draft row with fewer new tokens than the others re-feeds cached ones
+(`feed`). Rows at one length (always at B = 1) take the uniform path of one slice and one
+causal mask.
 
 Randomness comes from one seeded generator, so `baseline` and `exact` draw the same tokens.
 """
@@ -62,7 +69,7 @@ def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
 
 @dataclass
 class Batch:
-    """Every row's context and scores; `active` are the rows still decoding (equal lengths)."""
+    """Every row's context and scores; `active` are the rows still decoding (ragged lengths)."""
 
     seqs: list[list[int]]  # per row: start sequence + every token emitted so far
     sum_logprob: list[float]  # per row: target log-probs of the emitted tokens
@@ -81,16 +88,13 @@ class Batch:
         )
 
     @property
-    def length(self) -> int:
-        return len(self.seqs[self.active[0]])
+    def lengths(self) -> list[int]:
+        """Per active row: the context's length."""
+        return [len(self.seqs[r]) for r in self.active]
 
     def contexts(self, extra: list[list[int]] | None = None) -> list[list[int]]:
         """The active rows' contexts, each followed by its row of `extra`."""
         return [self.seqs[r] + (extra[j] if extra else []) for j, r in enumerate(self.active)]
-
-    def tokens(self, start: int, stop: int, device, extra: list[list[int]] | None = None) -> Tensor:
-        """Tokens [len(active), stop-start] of the contexts (plus `extra`) at positions start … stop-1."""
-        return positions(self.contexts(extra), start, stop, device)
 
     def set_no_speech(self, logits: Tensor, no_speech_id: int) -> None:
         """logits [B, k, V] of a first pass whose row 0 is the sot position."""
@@ -106,9 +110,15 @@ class Batch:
         return kept
 
 
-def positions(contexts: list[list[int]], start: int, stop: int, device) -> Tensor:
-    """Tokens [len(contexts), stop-start] at positions start … stop-1 of each context."""
-    return torch.tensor([c[start:stop] for c in contexts], dtype=torch.long, device=device)
+def feed(runner: Runner, contexts: list[list[int]], device) -> Tensor:
+    """The tokens [B, k] a runner has yet to see: row b's context from lengths[b] on. A row
+    with fewer new tokens than the most, k, starts earlier and re-feeds cached ones (its
+    cache rolls back), so the block stays rectangular: no padding, and every row's newest
+    logits are the block's last. Only the draft re-feeds: the target's rows always have the
+    same number of new tokens, and a draft row lags by one after it accepted every proposal."""
+    k = max(len(c) - n for c, n in zip(contexts, runner.lengths))
+    runner.rollback([len(c) - k for c in contexts])
+    return torch.tensor([c[-k:] for c in contexts], dtype=torch.long, device=device)
 
 
 @dataclass
@@ -131,7 +141,7 @@ class Pass:
     batch: Batch  # its `active` are still the rows of this pass
     proposal: Proposal
     accepted: list[int]  # per active row: drafts the verifier accepted
-    advanced: int  # tokens every row advanced (lockstep m + 1)
+    advanced: list[int]  # per active row: tokens appended (accepted + 1; fewer if cut at eot or the limit)
     target: Runner
     draft: Runner
 
@@ -162,25 +172,26 @@ class StepContext:
     def first_pass(self, target: Runner, batch: Batch) -> int | None:
         """On the window's first target pass: how many final rows to score so that row 0 is
         the sot position (the prompt before it is not scored); None on later passes."""
-        return batch.length - self.task.sot_index if target.length == 0 else None
+        if max(target.lengths) > 0:
+            return None
+        return len(batch.seqs[batch.active[0]]) - self.task.sot_index  # every row holds the start sequence
 
 
 def target_step(ctx: StepContext, batch: Batch, target: Runner) -> None:
     """Target only: one token for every active row."""
-    L, device = batch.length, ctx.pair.device
     first = ctx.first_pass(target, batch)
     with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
-        logits = target(batch.tokens(target.length, L, device), first or 1)  # [B, k, V]
+        contexts = batch.contexts()
+        logits = target(feed(target, contexts, ctx.pair.device), first or 1)  # [B, k, V]
         if first:
             batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
         rows = logits[:, -1].contiguous()  # [B, V]
-        apply_filters(ctx.filters, rows, batch.contexts())
+        apply_filters(ctx.filters, rows, contexts)
     tok = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
     for r, t, lp in zip(batch.active, tok.tolist(), token_logprobs(rows, tok).tolist()):
-        batch.seqs[r].append(t)
+        batch.seqs[r].append(t)  # the cache now holds every token but this newest one
         batch.sum_logprob[r] += lp
         batch.kinds[r].append("target")
-    target.rollback(L)  # the cache holds every token but the newest
     ctx.stats.record_step(len(batch.active))
 
 
@@ -199,12 +210,12 @@ class SpeculativeStep:
 
     def propose(self, batch: Batch, gamma: int) -> Proposal:
         """Up to γ draft tokens per row; the stop policy may end the run early."""
-        ctx, draft, L = self.ctx, self.draft, batch.length
+        ctx, draft = self.ctx, self.draft
         proposal = Proposal([[] for _ in batch.active])
         with ctx.clock.phase("draft_s"):
             for i in range(gamma):
                 contexts = batch.contexts(proposal.tokens)  # one copy serves the feed and the filters
-                rows = draft(positions(contexts, draft.length, L + i, ctx.pair.device), 1)[:, -1].contiguous()
+                rows = draft(feed(draft, contexts, ctx.pair.device), 1)[:, -1].contiguous()
                 apply_filters(ctx.filters, rows, contexts)  # rows [B, V]
                 picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
                 for j, t in enumerate(picked.tolist()):  # the host-side filters need the tokens
@@ -218,16 +229,16 @@ class SpeculativeStep:
     def score(self, batch: Batch, proposal: Proposal) -> Tensor:
         """The target's filtered logits [B, γ+1, V]: row i was computed after d1 … di."""
         ctx, target, gamma = self.ctx, self.target, proposal.gamma
-        B, L = len(batch.active), batch.length
+        B = len(batch.active)
         first = ctx.first_pass(target, batch)
         with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
             full = batch.contexts(proposal.tokens)
-            feed = positions(full, target.length, L + gamma, ctx.pair.device)
-            logits = target(feed, (first + gamma) if first else gamma + 1)  # [B, k, V]
+            tokens = feed(target, full, ctx.pair.device)  # [B, γ+1], or the start sequence + γ
+            logits = target(tokens, (first + gamma) if first else gamma + 1)  # [B, k, V]
             if first:
                 batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
             logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]
-            contexts = [c[: L + i] for c in full for i in range(gamma + 1)]
+            contexts = [c[: len(c) - gamma + i] for c in full for i in range(gamma + 1)]
             apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
         return logits
 
@@ -259,23 +270,29 @@ class SpeculativeStep:
 
     def commit(
         self, batch: Batch, proposal: Proposal, logits: Tensor, accepted: list[int], nxt: list[int]
-    ) -> int:
-        """Appends d1 … dm plus one token to every row (lockstep, m = min accepted), records
-        the pass and rolls both caches back to the new prefix; returns m + 1."""
-        ctx, eot = self.ctx, self.ctx.pair.tokenizer.eot
-        L, m = batch.length, min(accepted)
-        new = [d[:m] + [nxt[j] if accepted[j] == m else d[m]] for j, d in enumerate(proposal.tokens)]
-        emitted_ids = torch.tensor(new, dtype=torch.long, device=logits.device)  # [B, m+1]
-        lps = token_logprobs(logits[:, : m + 1], emitted_ids).tolist()  # [B][m+1]
+    ) -> list[int]:
+        """Appends to each row b its accepted d1 … dn_b and the verifier's token (cut at eot
+        and at the token limit), records the pass and rolls both caches back, row by row, to
+        the new prefix; returns each row's count of tokens appended."""
+        ctx, eot, gamma = self.ctx, self.ctx.pair.tokenizer.eot, proposal.gamma
+        lengths, limit = batch.lengths, ctx.task.limit
+        new = [d[:n] + [t] for d, n, t in zip(proposal.tokens, accepted, nxt)]  # ragged: n_b + 1 each
+        k = max(accepted) + 1
+        ids = torch.tensor(
+            [row + [0] * (k - len(row)) for row in new], dtype=torch.long, device=logits.device
+        )
+        lps = token_logprobs(logits[:, :k], ids).tolist()  # [B][k]: row i scores the token after d1 … di
         emitted = []
         for j, r in enumerate(batch.active):
             toks = new[j][: new[j].index(eot) + 1] if eot in new[j] else new[j]
-            last = "draft" if accepted[j] > m else "bonus" if m == proposal.gamma else "corrected"
-            batch.kinds[r] += (["draft"] * m + [last])[: len(toks)]
+            toks = toks[: limit - lengths[j]]  # a prefix of a speculative sample is one too
+            kinds = ["draft"] * accepted[j] + ["bonus" if accepted[j] == gamma else "corrected"]
+            batch.kinds[r] += kinds[: len(toks)]
             batch.seqs[r] += toks
             batch.sum_logprob[r] += sum(lps[j][: len(toks)])
             emitted.append(len(toks))
-        ctx.stats.record_pass(proposal.gamma, accepted, emitted, proposal.stopped)
-        self.target.rollback(L + m)
-        self.draft.rollback(min(self.draft.length, L + m))
-        return m + 1
+        ctx.stats.record_pass(gamma, accepted, emitted, proposal.stopped)
+        kept = [L + e - 1 for L, e in zip(lengths, emitted)]  # every token but the newest
+        self.target.rollback(kept)
+        self.draft.rollback(kept)  # (never forward: a draft row may hold fewer)
+        return emitted

@@ -34,7 +34,9 @@ from safetensors.torch import save_file
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
-CONVERTER_VERSION = 4  # bump when the output format changes; it is part of the cache key (4: fp32, Wᵀ)
+# bump when the output format changes; it is part of the cache key
+# (4: fp32, Wᵀ; 5: no Wᵀ of the embedding; 6: records source_dtype)
+CONVERTER_VERSION = 6
 _CT2_DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
 _LAYER = re.compile(r"^(encoder|decoder)/layer_(\d+)/")
 
@@ -310,6 +312,8 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
     cfg = _config_from_variables(variables, tokenizer)
     if dtype is None:
         dtype = variables["decoder/embeddings/weight"].dtype
+    # every stored weight an fp16 value: the fp32 cache may keep the encoder in fp16 at run time, losslessly
+    fp16_source = all(t.dtype == torch.float16 for t in variables.values() if t.is_floating_point())
     sd = {k: t.to(dtype).clone() for k, t in ct2_to_hf_state_dict(variables, cfg).items()}
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
 
@@ -317,7 +321,8 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        meta = {"format": "pt", "source_dtype": "float16" if fp16_source else "mixed"}
+        save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
         if dtype == torch.float32:  # the CPU decoder's layout, read in place at load
             write_transposed(tmp, sd)
         gen = whisper_generation_config(tokenizer, ct2_config, cfg["max_target_positions"])

@@ -11,8 +11,8 @@ of them are stored with the draft), and owns only:
   then gives those tokens their full target mass (exact at every temperature).
 
 It runs in `specasr.cpu.lean.LeanRunner`, a preallocated-KV-cache loop with the interface
-of `specasr.decode.runners.Runner` (call, rollback, keep), so a draft step costs its
-arithmetic plus a few dozen kernel launches, not a Hugging Face module tree. On CPU
+of `specasr.decode.runners.Runner` (call, rollback, keep; a length per row), so a draft
+step costs its arithmetic plus a few dozen kernel launches, not a Hugging Face module tree. On CPU
 `quantize_int8` makes its products int8 (lossy: it moves α, never the output) and runs each
 layer as one TorchScript function (`specasr.cpu.scripted`), with the same ops and without
 Python between them.
@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from specasr.cpu.lean import LeanRunner
 from specasr.cpu.linear import Int8Linear, swap_linears
 from specasr.cpu.scripted import int8_args, scripted
-from specasr.models.layers import DecoderLayer, fuse_qkv, no_init
+from specasr.models.layers import DecoderLayer, embed, fuse_qkv, no_init
+from specasr.models.mapped import gather_rows
 
 FORMAT = "specasr-draft"
 VERSION = 1
@@ -74,7 +75,7 @@ class DistilledDraft(nn.Module):
             "embed": embed,
             "positions": dec.embed_positions.weight,
             # [d, N], contiguous: on CPU, x @ W streams it without BLAS repacking it per call
-            "head": embed[self.vocab_ids.to(embed.device)].t().contiguous(),
+            "head": gather_rows(embed, self.vocab_ids.to(embed.device)).t().contiguous(),
         }
         self.cross_from = [self._same_cross(layer, dec, i) for i, layer in enumerate(self.layers)]
         return self
@@ -94,10 +95,9 @@ class DistilledDraft(nn.Module):
                 return j
         return None
 
-    def embed(self, tokens: Tensor, start: int) -> Tensor:
-        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
-        sh = self._shared
-        return sh["embed"][tokens] + sh["positions"][start : start + tokens.shape[1]]
+    def embed(self, tokens: Tensor, start: int | Tensor) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 (or per-row positions [B, T]) -> hidden [B, T, d]."""
+        return embed(self._shared["embed"], self._shared["positions"], tokens, start)
 
     def head(self, x: Tensor) -> Tensor:
         """x [B, T, d] -> logits over the draft's vocabulary [B, T, N]."""
@@ -231,5 +231,6 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
         )
     draft.load_state_dict(tensors)
     draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe")}
+    del tensors  # the file's copies; the draft holds its own now
     draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return draft.attach(target)

@@ -4,7 +4,9 @@ target's CPU view (`specasr.cpu.lean.LeanDecoder`).
 The parameter names equal transformers' `WhisperDecoderLayer`, so a Hugging Face layer's
 state dict loads as it is. The self-attention cache is preallocated and indexed by
 position (`specasr.cpu.lean.LeanRunner`), so a rollback moves a length and recomputes
-nothing. On CPU a layer may run as one TorchScript function (`specasr.cpu.scripted`).
+nothing. Rows of a batch may sit at different positions (ragged rows): their keys and
+values are scattered to each row's own positions and a per-row mask hides the rest. On CPU
+a layer may run as one TorchScript function (`specasr.cpu.scripted`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def no_init():
     finally:
         for n, f in saved.items():
             setattr(nn.init, n, f)
+
+
+def embed(tokens_table: Tensor, positions_table: Tensor, tokens: Tensor, start: int | Tensor) -> Tensor:
+    """Token plus position embeddings: tables [V, d] and [448, d], tokens [B, T] -> [B, T, d].
+    start: the first position of every row (positions start … start+T-1), or per-row
+    positions [B, T] (ragged rows)."""
+    if isinstance(start, Tensor):
+        return tokens_table[tokens] + positions_table[start]
+    return tokens_table[tokens] + positions_table[start : start + tokens.shape[1]]
 
 
 class Attention(nn.Module):
@@ -83,17 +94,20 @@ class DecoderLayer(nn.Module):
         x: Tensor,  # [B, T, d] at positions start … start+T-1
         cross_k: Tensor,  # [B, H, S, dh]
         cross_v: Tensor,
-        mask: Tensor | None,  # [T, start+T] bool (True = attend), or None when T == 1
+        mask: Tensor | None,  # [T, start+T] or [B, 1, T, start+T] bool (True = attend); None: T == 1
         cache: tuple[Tensor, Tensor] | None = None,  # preallocated self-attention K, V [B, H, 448, dh]
         start: int = 0,
+        write: Tensor | None = None,  # ragged rows: cache positions [B, H, T, dh] (a scatter index)
     ) -> Tensor:
         """One layer. With a cache, this block's keys and values are written at positions
         start … start+T-1 and attention reads positions 0 … start+T-1; without one (teacher
-        forcing from position 0) it attends over the block itself."""
+        forcing from position 0) it attends over the block itself. Ragged rows: `write`
+        holds each row's own positions, `start` is the greatest row start, and the mask
+        [B, 1, T, start+T] hides every key past a query's own position."""
         T, scale = x.shape[1], self.dh**-0.5
         if cache is not None and self._step is not None and x.shape[0] * T <= self._step_rows:
-            args = (*self._step_args, *cache, cross_k, cross_v, mask, start, self.heads, self._step_eps)
-            return self._step(x, *args)
+            args = (*cache, cross_k, cross_v, mask, start, write, self.heads, self._step_eps)
+            return self._step(x, *self._step_args, *args)
         a = self.self_attn
         h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
         if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three
@@ -104,8 +118,12 @@ class DecoderLayer(nn.Module):
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
         if cache is not None:
             K, V = cache
-            K[:, :, start : start + T] = k
-            V[:, :, start : start + T] = v
+            if write is None:
+                K[:, :, start : start + T] = k
+                V[:, :, start : start + T] = v
+            else:
+                K.scatter_(2, write, k)
+                V.scatter_(2, write, v)
             k, v = K[:, :, : start + T], V[:, :, : start + T]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))

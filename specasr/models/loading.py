@@ -25,6 +25,7 @@ from torch import nn
 
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
+from specasr.models import mapped
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
@@ -267,6 +268,7 @@ def load_pair(
         d_model.model.encoder = t_model.model.encoder
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
+    mapped.trim_heap()  # loading freed tensors of many sizes: give the free heap back
     gen = t_model.generation
     return ModelPair(
         target=t_model,

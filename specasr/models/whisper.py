@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -23,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.models.layers import Attention, DecoderLayer, no_init
+from specasr.models import mapped
+from specasr.models.layers import Attention, DecoderLayer, embed, no_init
 
 
 @dataclass
@@ -155,9 +157,9 @@ class WhisperDecoder(nn.Module):
         submodule, so its weight has one name in the state dict."""
         object.__setattr__(self, "head", head)
 
-    def embed(self, tokens: Tensor, start: int) -> Tensor:
-        """tokens [B, T] at positions start … start+T-1 -> hidden [B, T, d]."""
-        return self.embed_tokens.weight[tokens] + self.embed_positions.weight[start : start + tokens.shape[1]]
+    def embed(self, tokens: Tensor, start: int | Tensor) -> Tensor:
+        """tokens [B, T] at positions start … start+T-1 (or per-row positions [B, T]) -> hidden [B, T, d]."""
+        return embed(self.embed_tokens.weight, self.embed_positions.weight, tokens, start)
 
     def logits(self, x: Tensor) -> Tensor:
         """x [B, T, d] -> logits [B, T, V]."""
@@ -172,6 +174,40 @@ class WhisperDecoder(nn.Module):
         for layer in self.layers:
             x = layer(x, *layer.cross_kv(states), mask)
         return self.layer_norm(x)
+
+    def cross_attention(
+        self, tokens: Tensor, states: Tensor, heads: Sequence[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor]:
+        """`forward` that also returns the cross-attention scores of the (layer, head) pairs
+        `heads`: tokens [B, T], states [B, S, d] -> (hidden [B, T, d] after the final norm,
+        scores [B, len(heads), T, S] in fp32, q·kᵀ/√dh before the softmax). For word timing
+        (`specasr.longform.words`); decoding never runs it, and the layers run unchanged: a
+        hook on a chosen layer's cross-attention norm reads the queries it feeds."""
+        n_layers = len(self.layers)
+        if bad := [(i, h) for i, h in heads if not (0 <= i < n_layers and 0 <= h < self.heads)]:
+            raise ValueError(
+                f"alignment heads {bad} outside the decoder's {n_layers}×{self.heads} (layer, head)"
+            )
+        scores: list[Tensor | None] = [None] * len(heads)
+        x = self.embed(tokens, 0)
+        T = tokens.shape[1]
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        for i, layer in enumerate(self.layers):
+            k, v = layer.cross_kv(states)  # [B, H, S, dh]
+            chosen = [(pos, h) for pos, (li, h) in enumerate(heads) if li == i]
+
+            def keep(_module, _inputs, normed, layer=layer, k=k, chosen=chosen):  # normed [B, T, d]
+                q = layer._split(layer.encoder_attn.q_proj(normed) * layer.dh**-0.5)  # [B, H, T, dh]
+                for pos, h in chosen:
+                    scores[pos] = q[:, h].float() @ k[:, h].float().transpose(-1, -2)  # [B, T, S]
+
+            hook = layer.encoder_attn_layer_norm.register_forward_hook(keep) if chosen else None
+            try:
+                x = layer(x, k, v, mask)
+            finally:
+                if hook is not None:
+                    hook.remove()
+        return self.layer_norm(x), torch.stack(scores, dim=1)
 
 
 class _Body(nn.Module):
@@ -198,6 +234,14 @@ class Whisper(nn.Module):
         if tied:
             self.proj_out.weight = self.model.decoder.embed_tokens.weight
         self.model.decoder.use_head(self.proj_out)
+
+    def use_head_form(self, head: nn.Module) -> None:
+        """Projects through `head`, another form of the same tied weight (`head.weight` is the
+        token embedding's Parameter, e.g. `specasr.cpu.linear.PackedHead`)."""
+        if head.weight is not self.model.decoder.embed_tokens.weight:
+            raise ValueError("the head form must hold the model's own token embedding")
+        self.proj_out = head
+        self.model.decoder.use_head(head)
 
     @property
     def encoder(self) -> WhisperEncoder:
@@ -247,14 +291,15 @@ def read_safetensors(
     return out
 
 
-# The decoder's matrices (and the tied token embedding, which is its output head) as Wᵀ [in, out]
-# (all but cross-attention K/V, which only ever multiply 1500 encoder rows at once):
+# The decoder's layer matrices as Wᵀ [in, out] (all but cross-attention K/V, which only ever
+# multiply 1500 encoder rows at once; the tied token embedding is packed for oneDNN at load
+# instead, `specasr.cpu.linear.PackedHead`, and looked up from a map of model.safetensors):
 # the layout the CPU decoder multiplies by (`specasr.cpu.linear.TransposedLinear`). The
 # conversion cache stores them beside the weights, so a CPU load reads them in place instead of
 # transposing 200 MB (base) on every start; a model's Linear then holds Wᵀ's transposed view.
 TRANSPOSED_FILE = "transposed.safetensors"
 _TRANSPOSED = re.compile(
-    r"^model\.decoder\.(layers\.\d+\.(self_attn\.(q|k|v|out)_proj|encoder_attn\.(q|out)_proj|fc1|fc2)|embed_tokens)\.weight$"
+    r"^model\.decoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|encoder_attn\.(q|out)_proj|fc1|fc2)\.weight$"
 )
 
 
@@ -319,20 +364,39 @@ def from_tensors(
     return model.eval().requires_grad_(False)
 
 
+EMBED = "model.decoder.embed_tokens.weight"
+
+
 def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device) -> Whisper:
-    """A Hugging Face Whisper checkpoint directory -> `Whisper` in `dtype` on `device`."""
+    """A Hugging Face Whisper checkpoint directory -> `Whisper` in `dtype` on `device`.
+
+    On a CPU in fp32, from the conversion cache (model.safetensors plus TRANSPOSED_FILE): the
+    decoder layers' matrices are read as Wᵀ; the tied embedding/head is held once, as oneDNN
+    blocks packed from the file (`PackedHead`), with the table itself memory-mapped for
+    lookups; the encoder's matrices rest in fp16 when the source was fp16 (`HalfStoredLinear`).
+    Elsewhere the checkpoint's tensors are read as they are."""
     d = Path(directory)
     dims = WhisperDims.from_file(d / "config.json")
     generation = Generation.from_file(d / "generation_config.json")
-    side = d / TRANSPOSED_FILE
-    if (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and side.is_file()
-        and (d / "model.safetensors").is_file()
-    ):
-        tensors = {k: wt.t() for k, wt in read_safetensors(side, dtype).items()}  # [out, in] views of Wᵀ
-        tensors |= read_safetensors(d / "model.safetensors", dtype, skip=set(tensors))
-    else:
+    side, main = d / TRANSPOSED_FILE, d / "model.safetensors"
+    if not (device.type == "cpu" and dtype == torch.float32 and side.is_file() and main.is_file()):
         tensors = tensors_from_checkpoint(d, dtype if device.type == "cpu" else None)
-    return from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+        return from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+    where = mapped.span(main, EMBED)
+    mapped_embed = where is not None and where.dtype == torch.float32
+    skip = {EMBED} if mapped_embed else set()
+    # [out, in] views of the stored Wᵀ
+    tensors = {k: wt.t() for k, wt in read_safetensors(side, dtype, skip=skip).items()}
+    tensors |= read_safetensors(main, dtype, skip=set(tensors) | skip)
+    if mapped_embed:
+        tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
+    model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+    from specasr.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
+
+    if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
+        swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
+    if mapped_embed:
+        head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
+        if head is not None:
+            model.use_head_form(head)
+    return model

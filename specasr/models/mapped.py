@@ -1,0 +1,118 @@
+"""One tensor of a safetensors file, memory-mapped or read by rows.
+
+Whisper's token embedding (51865 × 512 for base, 106 MB in fp32) is also its tied output
+head. On a CPU in fp32 the head runs from a oneDNN-packed copy (`specasr.cpu.linear.PackedHead`),
+so the embedding itself is only ever read a few rows at a time, by token lookups. Mapping it
+from the conversion cache keeps just the looked-up pages resident instead of all 106 MB, and
+`read_rows` feeds the packing block by block without paging the whole table into the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a tensor's bytes lie in its file."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # from the start of the file
+    nbytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // self.shape[0]
+
+
+def _header(path: str | Path) -> tuple[int, dict]:
+    """(header length, header) of a safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return n, json.loads(f.read(n))
+
+
+def metadata(path: str | Path) -> dict[str, str]:
+    """A safetensors file's `__metadata__`."""
+    return _header(path)[1].get("__metadata__") or {}
+
+
+def span(path: str | Path, name: str) -> Span | None:
+    """The location of tensor `name` in a safetensors file, or None if it is absent or not
+    a floating type this module handles."""
+    n, header = _header(path)
+    info = header.get(name)
+    if info is None or info["dtype"] not in _DTYPES or not info["shape"]:
+        return None
+    start, end = info["data_offsets"]
+    return Span(_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + n + start, end - start)
+
+
+_MAPS: dict[int, mmap.mmap] = {}  # the data pointer of each mapped tensor -> its map
+
+
+def map_tensor(path: str | Path, where: Span) -> Tensor:
+    """The tensor at `where` as a copy-on-write map of the file: pages are read on first
+    touch and count as resident only once touched; writes (none are made) would stay private."""
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    count = where.nbytes // torch.empty((), dtype=where.dtype).element_size()
+    flat = torch.frombuffer(mm, dtype=where.dtype, count=count, offset=where.offset)  # keeps mm alive
+    _MAPS[flat.data_ptr()] = mm
+    return flat.view(where.shape)
+
+
+def gather_rows(t: Tensor, ids: Tensor, chunk: int = 2048) -> Tensor:
+    """t[ids] for t [N, d] and ids [M]: -> [M, d]. For a mapped t, `chunk` ids at a time,
+    releasing the pages after each, so gathering rows from all over the table never holds
+    all of it resident."""
+    if t.data_ptr() not in _MAPS:
+        return t[ids]
+    out = t.new_empty((ids.shape[0], *t.shape[1:]))
+    for start in range(0, ids.shape[0], chunk):
+        out[start : start + chunk] = t[ids[start : start + chunk]]
+        release(t)
+    return out
+
+
+def release(t: Tensor) -> bool:
+    """Drops the resident pages of a mapped tensor (`map_tensor`) from this process, e.g.
+    after a pass that read all of it; later reads fault them back in from the page cache.
+    Safe because the map is never written. False (and nothing done) for other tensors."""
+    mm = _MAPS.get(t.data_ptr())
+    if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    mm.madvise(mmap.MADV_DONTNEED)
+    return True
+
+
+def read_rows(path: str | Path, where: Span, start: int, stop: int) -> Tensor:
+    """Rows start … stop-1 of the tensor at `where`, read from the file into fresh memory:
+    [stop-start, *shape[1:]]."""
+    out = torch.empty((stop - start, *where.shape[1:]), dtype=where.dtype)
+    with open(path, "rb") as f:
+        f.seek(where.offset + start * where.row_bytes)
+        want = (stop - start) * where.row_bytes
+        if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != want:
+            raise ValueError(f"{path}: rows {start}…{stop - 1} are truncated")
+    return out
+
+
+def trim_heap() -> None:
+    """Returns the C heap's free memory to the system (glibc's malloc_trim). Loading reads
+    and frees tensors of many sizes, which can leave tens of MB free but resident."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

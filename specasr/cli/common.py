@@ -167,17 +167,50 @@ def load_models(model: str, draft: str | None, mode: str, device: str | None, dt
     A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
     is reported on stderr and exits with status 1."""
     check_device(device)
+    try:
+        return pair_loader(model, draft, mode, device, dtype)()
+    except (ValueError, FileNotFoundError, OSError) as e:
+        click.echo(f"error: cannot load model: {e}", err=True)
+        sys.exit(1)
+
+
+def pair_loader(model: str, draft: str | None, mode: str, device: str | None, dtype: str | None):
+    """`load_pair` bound to `--model/--draft/--device/--dtype` (no draft for target-only
+    decoding), uncalled: Ray actors call it where they run."""
+    from functools import partial
+
     import torch
 
     from specasr.models.loading import load_pair
 
     torch_dtype = {None: None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     want_draft = None if mode == "autoregressive" and draft in (None, "default") else (draft or "default")
+    return partial(load_pair, model, want_draft, device=device, dtype=torch_dtype)
+
+
+def ray_settings(address: str | None, workers: int | None, cpus: float | None, gpus: float | None):
+    """`RayOptions` of `--ray` and the worker options; None without --ray. Usage errors
+    (exit 2): a worker option without --ray, or --ray where Ray is not installed."""
+    given = [
+        n
+        for n, v in (("--workers", workers), ("--cpus-per-worker", cpus), ("--gpus-per-worker", gpus))
+        if v is not None
+    ]
+    if address is None:
+        if given:
+            raise click.UsageError(f"{', '.join(given)} go(es) with --ray")
+        return None
     try:
-        return load_pair(model, want_draft, device=device, dtype=torch_dtype)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        click.echo(f"error: cannot load model: {e}", err=True)
-        sys.exit(1)
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise click.UsageError("--ray needs Ray, an optional extra: pip install 'specasr[ray]'") from None
+    from specasr.eval.ray_runner import RayOptions
+
+    try:
+        workers, cpus = 1 if workers is None else workers, 1.0 if cpus is None else cpus
+        return RayOptions(address, workers, cpus, gpus or 0.0)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
 
 
 def _stack(*options):
@@ -228,5 +261,25 @@ gamma_options = _stack(
         default=DEFAULTS.draft_stop,
         show_default=True,
         help="End a draft run at a proposal the draft gives probability below this (0: always γ). Exact.",
+    ),
+)
+
+ray_options = _stack(
+    click.option(
+        "--ray",
+        "ray_address",
+        is_flag=False,
+        flag_value="local",
+        default=None,
+        metavar="[ADDRESS]",
+        help="Run on Ray (specasr[ray]): alone or 'local' starts a local Ray; 'auto' or HOST:PORT "
+        "joins a running cluster.",
+    ),
+    click.option("--workers", type=int, default=None, help="Ray: actors, each loads the models once [1]."),
+    click.option(
+        "--cpus-per-worker", type=float, default=None, help="Ray: CPUs (torch threads) per actor [1]."
+    ),
+    click.option(
+        "--gpus-per-worker", type=float, default=None, help="Ray: GPUs per actor; > 0 runs on CUDA [0]."
     ),
 )

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
-from specasr.cli.common import DEFAULTS, gamma_options, load_models, model_options
+from specasr.cli.common import (
+    DEFAULTS,
+    gamma_options,
+    load_models,
+    model_options,
+    pair_loader,
+    ray_options,
+    ray_settings,
+)
 from specasr.options import MODES
 
 
@@ -113,14 +122,21 @@ def _interrupted(output_dir: str, evaluator) -> NoReturn:
 @click.option(
     "--shard", default="0/1", show_default=True, help="I/N: this process takes every N-th utterance."
 )
+@ray_options
+@click.option("--audio-column", default=None, help="datasets: the audio column [audio].")
+@click.option("--text-column", default=None, help="datasets: the reference text column [text].")
+@click.option("--split", default=None, help="datasets: the split, where there are several [test].")
 def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, temperature, gamma,
           gamma_policy, draft_stop, max_new_tokens, paper, limit, fraction, seed, batch_size, output_dir,
-          shard, device, dtype):  # fmt: skip
+          shard, device, dtype, ray_address, workers, cpus_per_worker, gpus_per_worker, audio_column,
+          text_column, split):  # fmt: skip
     """WER and speculative-decoding metrics of dataset NAME, per mode.
 
-    NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, or manifest (--data-dir is
-    then a jsonl/csv file). `specasr eval merge DIR... -o OUT` merges shard outputs into OUT.
-    Reruns with the same --output-dir resume.
+    NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, manifest (--data-dir is
+    then a jsonl/csv file), or datasets (--data-dir: a Hugging Face dataset saved with
+    save_to_disk, parquet files, or a hub id). `specasr eval merge DIR... -o OUT` merges
+    shard outputs into OUT. Reruns with the same --output-dir resume, with or without --ray
+    (then Ray actors decode, --workers of them, --batch-size utterances per call).
 
     Exit status 2, before any model is loaded, for a bad option, a data directory or
     manifest that cannot be read (the file and line are named), or an --output-dir whose
@@ -136,6 +152,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
         ResultsError,
         check_output_dir,
         merge,
+        pair_meta,
         paper_options,
         select,
     )
@@ -165,6 +182,11 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
     if name not in DATASETS:
         raise click.UsageError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} (or merge)")
     recipe = DATASETS[name]
+    columns = {"audio_column": audio_column, "text_column": text_column, "split": split}
+    columns = {k: v for k, v in columns.items() if v is not None}
+    if columns and name != "datasets":
+        raise click.UsageError("--audio-column, --text-column and --split go with the datasets source")
+    ray = ray_settings(ray_address, workers, cpus_per_worker, gpus_per_worker)
     try:
         decode = replace(
             DEFAULTS,
@@ -199,7 +221,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
     if data_dir is None:
         raise click.UsageError("give --data-dir (or --download for LibriSpeech and TED-LIUM)")
     try:
-        utts = select(recipe.load(data_dir), options)
+        utts = select(recipe.load(data_dir, **columns), options)
     except DatasetError as e:  # the dataset's definition itself: nothing is decoded
         _fail(e)
     except OSError as e:  # an unreadable transcript or listing
@@ -212,21 +234,35 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
         _fail(e)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    speculative = any(m != "autoregressive" for m in options.modes)
+    ray_errors: tuple[type[Exception], ...] = ()
+    if ray is not None:
+        from specasr.eval.ray_runner import RayEvaluator, errors, session, stopped
+
+        ray_errors = errors()
+    mode = "exact" if any(m != "autoregressive" for m in options.modes) else "autoregressive"
     evaluator = None
     try:
-        pair = load_models(model, draft, "exact" if speculative else "autoregressive", device, dtype)
-        meta = {"dataset": name, "model": model, "draft": pair.draft_name if speculative else None}
-        meta |= {"device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch.")}
-        evaluator = Evaluator(pair, options, output_dir, meta)
+        if ray is None:
+            pair = load_models(model, draft, mode, device, dtype)
+            meta = {"dataset": name, "model": model} | pair_meta(pair, options.modes)
+            evaluator = Evaluator(pair, options, output_dir, meta)
+        else:  # the actors load the models
+            load = pair_loader(model, draft, mode, device or ray.device, dtype)
+            evaluator = RayEvaluator(load, options, output_dir, {"dataset": name, "model": model}, ray)
+        where = "" if ray is None else f" on Ray ({ray.workers} worker(s))"
         click.echo(
-            f"{name}: {len(utts)} utterances, modes {', '.join(options.modes)} -> {output_dir}", err=True
+            f"{name}: {len(utts)} utterances, modes {', '.join(options.modes)}{where} -> {output_dir}",
+            err=True,
         )
-        records = evaluator.run(utts)
+        with session(ray) if ray is not None else nullcontext():
+            records = evaluator.run(utts)
     except ResultsError as e:
         _fail(e)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    except ray_errors as e:  # an actor that could not start or load the models, a lost node …
+        click.echo(f"error: {stopped(e)}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         _interrupted(output_dir, evaluator)
     _eval_report(output_dir, evaluator.meta, records)

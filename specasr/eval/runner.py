@@ -80,6 +80,17 @@ def select(utts: Sequence, options: EvalOptions) -> list:
     return utts[i::n]
 
 
+def pair_meta(pair, modes: Sequence[str]) -> dict:
+    """What config.json records of the loaded models: the draft (None when every mode is
+    target-only), the device and the dtype."""
+    speculative = any(m != "autoregressive" for m in modes)
+    return {
+        "draft": pair.draft_name if speculative else None,
+        "device": str(pair.device),
+        "dtype": str(pair.dtype).removeprefix("torch."),
+    }
+
+
 class ResultsError(ValueError):
     """An eval output directory's results.jsonl or config.json that cannot be read back."""
 
@@ -224,42 +235,60 @@ class Evaluator:
 
     def run(self, utts: Sequence) -> list[dict]:
         """Runs what is not in results.jsonl yet; returns all records (old and new)."""
-        from tqdm import tqdm
-
         self.dir.mkdir(parents=True, exist_ok=True)
         self._check_config()
-        path = self.dir / RESULTS
-        ids = {u.id for u in utts}
-        records = [r for r in read_results(path) if r["id"] in ids and r["mode"] in self.options.modes]
-        done = {(r["id"], r["mode"]) for r in records if r["error"] is None}
-        records = [r for r in records if (r["id"], r["mode"]) in done]  # failed ones are retried
-        running = _Running()
-        for r in records:
-            running.add(r)
-        total = len(utts) * len(self.options.modes)
-        self.total, self.done, self.written = total, len(done), 0
+        records, done = self._resume(utts)
         todo = [u for u in utts if any((u.id, m) not in done for m in self.options.modes)]
         if todo:
             self._warm_up(todo[0])
+        decoded = (rec for group, mode in self.groups(utts, done) for rec in self._decode(group, mode))
+        return self._append(records, decoded)
+
+    def _resume(self, utts: Sequence) -> tuple[list[dict], set[tuple[str, str]]]:
+        """The records of results.jsonl that this run keeps (decoded, of these utterances and
+        modes: failed ones are retried) and their (id, mode) pairs; sets the progress counts."""
+        ids = {u.id for u in utts}
+        records = [
+            r for r in read_results(self.dir / RESULTS) if r["id"] in ids and r["mode"] in self.options.modes
+        ]
+        done = {(r["id"], r["mode"]) for r in records if r["error"] is None}
+        records = [r for r in records if (r["id"], r["mode"]) in done]
+        self.total, self.done, self.written = len(utts) * len(self.options.modes), len(done), 0
+        return records, done
+
+    def groups(self, utts: Sequence, done: set[tuple[str, str]]) -> Iterable[tuple[list, str]]:
+        """(utterances, mode) still to decode: batches of `batch_size` utterances, each batch
+        in every mode in turn, without the (id, mode) pairs in `done`."""
         bs = self.options.batch_size
+        for k in range(0, len(utts), bs):
+            batch = list(utts[k : k + bs])
+            for mode in self.options.modes:
+                todo = [u for u in batch if (u.id, mode) not in done]
+                if todo:
+                    yield todo, mode
+
+    def _append(self, records: list[dict], decoded: Iterable[dict]) -> list[dict]:
+        """Appends each record of `decoded` to results.jsonl as it comes (one flushed line
+        each, so an interrupted run keeps every finished one); returns records + them."""
+        from tqdm import tqdm
+
+        running = _Running()
+        for r in records:
+            running.add(r)
         with (
-            open(path, "a", encoding="utf-8") as out,
-            tqdm(total=total, initial=len(done), unit="dec", disable=not sys.stderr.isatty()) as bar,
+            open(self.dir / RESULTS, "a", encoding="utf-8") as out,
+            tqdm(total=self.total, initial=self.done, unit="dec", disable=not sys.stderr.isatty()) as bar,
         ):
-            for k in range(0, len(utts), bs):
-                batch = list(utts[k : k + bs])
-                for mode in self.options.modes:
-                    todo = [u for u in batch if (u.id, mode) not in done]
-                    for rec in self._decode(todo, mode) if todo else []:
-                        out.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                        out.flush()
-                        records.append(rec)
-                        running.add(rec)
-                        self.failed += rec["error"] is not None
-                        self.written += 1
-                        self.done += rec["error"] is None
-                    bar.update(len(todo))
-                    bar.set_postfix(running.postfix(), refresh=False)
+            for rec in decoded:
+                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                out.flush()
+                records.append(rec)
+                running.add(rec)
+                self.failed += rec["error"] is not None
+                self.written += 1
+                self.done += rec["error"] is None
+                bar.update(1)
+                bar.set_postfix(running.postfix(), refresh=False)
         return records
 
     def _warm_up(self, utt) -> None:

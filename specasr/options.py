@@ -59,6 +59,31 @@ class DecodeOptions:
         return self.mode != "autoregressive"
 
 
+@dataclass(frozen=True)
+class VadOptions:
+    """Voice activity detection (longform/vad.py): which stretches of audio are decoded."""
+
+    threshold: float = 0.5  # speech starts where Silero's P(speech) reaches this
+    neg_threshold: float | None = None  # and ends where it stays below this (None: threshold - 0.15)
+    min_speech: float = 0.25  # seconds: shorter speech chunks are dropped
+    min_silence: float = 1.0  # seconds below neg_threshold that end a speech chunk
+    speech_pad: float = 0.4  # seconds of audio kept before and after each speech chunk
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"vad threshold must be in (0, 1), got {self.threshold}")
+        if self.neg_threshold is not None and not 0 <= self.neg_threshold <= self.threshold:
+            raise ValueError(f"vad neg_threshold must be in [0, threshold], got {self.neg_threshold}")
+        for name in ("min_speech", "min_silence", "speech_pad"):
+            seconds = getattr(self, name)
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"vad {name} must be a finite number of seconds >= 0, got {seconds}")
+
+    @property
+    def end_threshold(self) -> float:
+        return self.neg_threshold if self.neg_threshold is not None else max(self.threshold - 0.15, 0.01)
+
+
 STRATEGIES = ("sequential", "chunked")
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -79,7 +104,7 @@ class TranscribeOptions:
     # seed is a base: window k (sequential) or the batch starting at window k (chunked) draws
     # with seed + k, so every window samples from its own stream.
     decode: DecodeOptions = DecodeOptions(timestamps=True, max_new_tokens=224)
-    strategy: str = "sequential"  # sequential (Whisper's seek loop) | chunked (overlapping windows, batched)
+    strategy: str = "sequential"  # sequential (Whisper's seek loop) | chunked (spans cut at pauses, batched)
     temperatures: tuple[float, ...] = FALLBACK_TEMPERATURES  # fallback schedule, from decode.temperature
     compression_ratio_threshold: float | None = 2.4  # fall back when gzip ratio of the text is above
     logprob_threshold: float | None = -1.0  # fall back when the average log-prob is below
@@ -88,8 +113,12 @@ class TranscribeOptions:
     prompt_reset_temperature: float = 0.5  # a window decoded above this T does not prompt the next
     initial_prompt: str | None = None  # text prompting the first window (every window when chunked)
     batch_size: int = 8  # windows per batched decode (chunked)
-    chunk_overlap: float = 10.0  # seconds shared by consecutive windows (chunked)
+    cut_search: float = 10.0  # chunked: a span ends at the quietest point of its last cut_search s
     trim_silence: bool = True  # move each segment end back to its last voiced frame (timing.py)
+    vad: VadOptions | None = None  # decode only the speech Silero VAD finds (longform/vad.py); None = all
+    # time every word by cross-attention alignment (longform/words.py): one teacher-forced target
+    # pass per window; segment bounds then come from the words, so trim_silence is not applied
+    word_timestamps: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -108,10 +137,8 @@ class TranscribeOptions:
             )
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not 0 <= self.chunk_overlap <= 20:
-            raise ValueError(
-                f"chunk_overlap must be within [0, 20] s of a 30 s window, got {self.chunk_overlap}"
-            )
+        if not 0 <= self.cut_search <= 20:
+            raise ValueError(f"cut_search must be within [0, 20] s of a 30 s window, got {self.cut_search}")
         if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
             raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")
 

@@ -1,5 +1,6 @@
 """What decoding and transcription return: `DecodeResult` per decoded window row,
-`Segment`s of a transcript, and the `TranscriptionInfo` beside them."""
+`Segment`s of a transcript (with `Word`s when word timestamps are on), and the
+`TranscriptionInfo` beside them."""
 
 from __future__ import annotations
 
@@ -46,6 +47,24 @@ class DecodeResult:
 
 
 @dataclass
+class Word:
+    """One word of a segment, timed by cross-attention alignment (longform/words.py)."""
+
+    word: str  # its text, with the leading space and merged punctuation (" Hello,")
+    start: float  # seconds from the start of the audio
+    end: float  # seconds from the start of the audio; start <= end
+    probability: float  # mean target probability of its tokens under teacher forcing
+
+    def to_dict(self) -> dict:
+        return {
+            "word": self.word,
+            "start": round(self.start, 3),
+            "end": round(self.end, 3),
+            "probability": round(self.probability, 4),
+        }
+
+
+@dataclass
 class Segment:
     id: int  # position in the transcript, from 0
     start: float  # seconds from the start of the audio
@@ -60,6 +79,8 @@ class Segment:
     stats: DecodeStats = field(repr=False)  # speculative statistics of its window, fallbacks included
     # per token of `tokens`, where it came from (DecodeResult.token_kinds); empty when unknown (chunked)
     token_kinds: list[str] = field(default_factory=list, repr=False)
+    # with word timestamps: its words, in order and inside [start, end]; None when off
+    words: list[Word] | None = None
 
     @classmethod
     def from_result(
@@ -93,6 +114,7 @@ class Segment:
 
     def to_dict(self) -> dict:
         s = self.stats
+        words = {} if self.words is None else {"words": [w.to_dict() for w in self.words]}
         return {
             "id": self.id,
             "start": round(self.start, 3),
@@ -113,6 +135,7 @@ class Segment:
                 "draft_calls": s.draft_calls,
                 "tokens_per_target_call": s.tokens_per_target_call,
             },
+            **words,
         }
 
 

@@ -6,13 +6,18 @@ one clip of up to 30 s into a single `DecodeResult`.
 Strategies (TranscribeOptions.strategy):
 - `sequential` (longform/sequential.py): Whisper's seek loop, one window at a time, each window
   prompted with the text before it;
-- `chunked` (longform/chunked.py): overlapping windows decoded as batches without a running prompt,
-  merged on the tokens they share at the overlaps.
+- `chunked` (longform/chunked.py): the audio cut at pauses into spans of at most 30 s, each with its
+  own seek loop, decoded as batches without a running prompt.
+
+With `TranscribeOptions.vad`, Silero VAD (longform/vad.py) keeps only the speech: its chunks are
+joined and decoded (chunked: packed into spans cut where chunks meet), and every time is mapped
+back to the recording. Audio without speech gives no segments and decodes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from specasr.audio import AudioSource, load_audio
 from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
@@ -22,7 +27,9 @@ from specasr.features import log_mel, log_mel_window
 from specasr.longform.chunked import chunked
 from specasr.longform.sequential import sequential
 from specasr.longform.timing import trim_trailing_silence
+from specasr.longform.vad import detect_speech
 from specasr.longform.windows import encode_windows, window_mel
+from specasr.longform.words import in_order
 from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.results import DecodeResult, Segment, TranscriptionInfo
 
@@ -56,7 +63,8 @@ def transcribe(
     if tok.multilingual and dec.language is not None and dec.language not in tok.language_tokens:
         raise ValueError(f"unknown language {dec.language!r}; known: {sorted(tok.language_tokens)}")
     samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
-    mel = log_mel(samples, pair.n_mels, padding=N_SAMPLES)[0]  # [n_mels, content frames + 3000]
+    speech = None if options.vad is None else detect_speech(samples, options.vad)
+    decoded = samples if speech is None else speech.collect(samples)  # [n'] the audio decoded
     info = TranscriptionInfo(
         language=dec.language if tok.multilingual else "en",
         language_detected=False,
@@ -65,16 +73,25 @@ def transcribe(
         model=pair.target_name,
         draft=pair.draft_name if dec.speculative else None,
     )
+    if decoded.size == 0:
+        return iter(()), info
+    mel = log_mel(decoded, pair.n_mels, padding=N_SAMPLES)[0]  # [n_mels, content frames + 3000]
     first = None
     if info.language is None:
         content = mel.shape[-1] - N_FRAMES
         first = encode_windows(pair, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
         info.language = detect_language(pair, first[0])[0]
         info.language_detected = True
-    strategy = sequential if options.strategy == "sequential" else chunked
+    strategy = sequential
+    if options.strategy == "chunked":
+        strategy = partial(chunked, joins=speech.joins() if speech is not None else ())
     segments = strategy(pair, mel, options, info, first)
-    if options.trim_silence:
+    if options.word_timestamps:  # segments end with their words: no energy trim
+        segments = in_order(segments)
+    elif options.trim_silence:
         segments = trim_trailing_silence(segments, mel)
+    if speech is not None:  # times on the joined speech -> times on the recording
+        segments = speech.restore(segments)
     return segments, info
 
 

@@ -15,6 +15,13 @@ from writing one output name at once.
 The json document (JSON_SCHEMA below):
     {"text": str, "info": {...TranscriptionInfo.to_dict()}, "stats": {...DecodeStats.to_dict()},
      "segments": [{...Segment.to_dict()}, ...], "source": {"path", "size", "mtime_ns"} (optional)}
+
+With word timestamps (`Segment.words`), json segments carry "words" ({"word", "start", "end",
+"probability"}), tsv has one row per word (start, end, text, probability), and srt/vtt cues
+follow `SubtitleOptions` as openai-whisper's writers do: lines of at most `max_line_width`
+characters, cues of at most `max_line_count` lines (both given: words flow across segments,
+and a pause over 3 s starts a new cue; otherwise each segment is a cue), and with
+`highlight_words` one cue per word with that word underlined.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: the CLI imports this module without loading torch
-    from specasr.results import Segment, TranscriptionInfo
+    from specasr.results import Segment, TranscriptionInfo, Word
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 
@@ -87,6 +95,19 @@ JSON_SCHEMA = {
                     "tokens": {"type": "array", "items": {"type": "integer"}},
                     "temperature": _NUMBER,
                     "stats": {"type": "object", "required": ["proposed", "accepted", "acceptance_rate"]},
+                    "words": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["word", "start", "end", "probability"],
+                            "properties": {
+                                "word": {"type": "string"},
+                                "start": _NUMBER,
+                                "end": _NUMBER,
+                                "probability": _NUMBER,
+                            },
+                        },
+                    },
                 },
             },
         },
@@ -117,21 +138,106 @@ def render_txt(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
     return "".join(_flat(s.text) + "\n" for s in segments)
 
 
-def render_srt(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
+@dataclass(frozen=True)
+class SubtitleOptions:
+    """How srt and vtt lay out word-timed segments (openai-whisper's CLI options)."""
+
+    max_line_width: int | None = None  # characters per line before a line break
+    max_line_count: int | None = None  # lines per cue; with max_line_width, words flow across segments
+    highlight_words: bool = False  # one cue per word, the spoken word underlined (<u>word</u>)
+
+    def __post_init__(self) -> None:
+        for name in ("max_line_width", "max_line_count"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+LONG_PAUSE = 3.0  # seconds between words that start a new cue when words flow across segments
+
+
+def _word_lines(segments: Sequence[Segment], sub: SubtitleOptions) -> Iterator[list[Word]]:
+    """Word-timed segments -> cues as lists of words, a word's text carrying its "\n" line
+    break or leading space. Each segment is a cue unless both limits are given."""
+    flow = sub.max_line_width is not None and sub.max_line_count is not None
+    width = sub.max_line_width or 1000
+    cue: list[Word] = []
+    line_len, lines = 0, 1
+    last = next((s.words[0].start for s in segments if s.words), 0.0)
+    for seg in segments:
+        for i, word in enumerate(seg.words or []):
+            text = (" " if word.word[:1].isspace() else "") + _line(word.word)
+            pause = flow and word.start - last > LONG_PAUSE
+            new_segment = not flow and i == 0 and bool(cue)
+            if line_len > 0 and line_len + len(text) <= width and not pause and not new_segment:
+                line_len += len(text)
+            else:
+                text = text.strip()
+                if cue and (new_segment or (flow and (pause or lines >= sub.max_line_count))):
+                    yield cue
+                    cue, lines = [], 1
+                elif line_len > 0:
+                    lines += 1
+                    text = "\n" + text
+                line_len = len(text.strip())
+            cue.append(replace(word, word=text))
+            last = word.start
+    if cue:
+        yield cue
+
+
+def _cues(
+    segments: Sequence[Segment], sub: SubtitleOptions | None, decimal: str
+) -> list[tuple[str, str, str]]:
+    """(start, end, text) of each cue: one per segment, or laid out from words (SubtitleOptions)."""
+    if not any(s.words for s in segments):
+        return [(_clock(s.start, decimal), _clock(s.end, decimal), _line(s.text)) for s in segments]
+    sub = sub or SubtitleOptions()
+    cues = []
+    for words in _word_lines(segments, sub):
+        start, end = _clock(words[0].start, decimal), _clock(words[-1].end, decimal)
+        texts = [w.word for w in words]
+        if not sub.highlight_words:
+            cues.append((start, end, "".join(texts)))
+            continue
+        last = start
+        for i, w in enumerate(words):
+            a, b = _clock(w.start, decimal), _clock(w.end, decimal)
+            if a != last:  # the gap before this word shows the cue plainly
+                cues.append((last, a, "".join(texts)))
+            marked = [re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", t) if j == i else t for j, t in enumerate(texts)]
+            cues.append((a, b, "".join(marked)))
+            last = b
+    return cues
+
+
+def render_srt(
+    segments: Sequence[Segment], info: TranscriptionInfo, subtitles: SubtitleOptions | None = None
+) -> str:
     cues = [
-        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{_line(s.text)}\n"
-        for i, s in enumerate(segments, start=1)
+        f"{i}\n{a} --> {b}\n{text}\n"
+        for i, (a, b, text) in enumerate(_cues(segments, subtitles, ","), start=1)
     ]
     return "\n".join(cues)
 
 
-def render_vtt(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
-    cues = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{_line(s.text)}\n" for s in segments]
+def render_vtt(
+    segments: Sequence[Segment], info: TranscriptionInfo, subtitles: SubtitleOptions | None = None
+) -> str:
+    cues = [f"{a} --> {b}\n{text}\n" for a, b, text in _cues(segments, subtitles, ".")]
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
 def render_tsv(segments: Sequence[Segment], info: TranscriptionInfo) -> str:
-    """Whisper's tsv: start and end in integer milliseconds."""
+    """Whisper's tsv: start and end in integer milliseconds; with words, one row per word
+    and its probability."""
+    if any(s.words for s in segments):
+        rows = [
+            f"{round(w.start * 1000)}\t{round(w.end * 1000)}\t{_flat(w.word)}\t{w.probability:.4f}"
+            for s in segments
+            for w in s.words or []
+        ]
+        return "start\tend\ttext\tprobability\n" + "".join(r + "\n" for r in rows)
     rows = [f"{round(s.start * 1000)}\t{round(s.end * 1000)}\t{_flat(s.text)}" for s in segments]
     return "start\tend\ttext\n" + "".join(r + "\n" for r in rows)
 
@@ -157,9 +263,20 @@ RENDERERS: dict[str, Callable[[Sequence[Segment], TranscriptionInfo], str]] = {
 }
 
 
-def render(fmt: str, segments: Sequence[Segment], info: TranscriptionInfo, source: dict | None = None) -> str:
-    """The text of one format; json records `source` when given."""
-    return render_json(segments, info, source) if fmt == "json" else RENDERERS[fmt](segments, info)
+def render(
+    fmt: str,
+    segments: Sequence[Segment],
+    info: TranscriptionInfo,
+    source: dict | None = None,
+    subtitles: SubtitleOptions | None = None,
+) -> str:
+    """The text of one format; json records `source` when given; srt and vtt lay word-timed
+    segments out by `subtitles`."""
+    if fmt == "json":
+        return render_json(segments, info, source)
+    if fmt in ("srt", "vtt"):
+        return RENDERERS[fmt](segments, info, subtitles)
+    return RENDERERS[fmt](segments, info)
 
 
 def source_record(path: str | os.PathLike) -> dict:
@@ -291,13 +408,16 @@ def write(
     output_dir: str | os.PathLike,
     formats: Sequence[str] = FORMATS,
     source: dict | None = None,
+    subtitles: SubtitleOptions | None = None,
 ) -> list[Path]:
     """Writes `<output_dir>/<stem>.<fmt>` for each format, all or none (`write_files`);
     returns the paths. With `source` (`source_record`), json records it and the sidecar
     (`provenance`) is updated last, so a record never names outputs that are not in place."""
     paths = output_paths(stem, output_dir, formats)
     next(iter(paths.values()), Path(output_dir) / stem).parent.mkdir(parents=True, exist_ok=True)
-    texts: dict[Path, str] = {path: render(fmt, segments, info, source) for fmt, path in paths.items()}
+    texts: dict[Path, str] = {
+        path: render(fmt, segments, info, source, subtitles) for fmt, path in paths.items()
+    }
     record = provenance(stem, output_dir)
     if source is not None or any(fmt in record for fmt in formats):
         written = {"source": source, "written_at": time.time(), "pid": os.getpid()}

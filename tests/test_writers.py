@@ -128,3 +128,100 @@ def test_write_is_atomic(tmp_path, monkeypatch):
         writers.write_atomic(target, "new transcript\n")
     assert target.read_text() == "old transcript\n"
     assert os.listdir(tmp_path) == ["clip.txt"]
+
+
+# ---- word timestamps --------------------------------------------------------------------------
+def _worded() -> tuple[list[Segment], TranscriptionInfo]:
+    from specasr.results import Word
+
+    stats = DecodeStats()
+    words = [
+        [Word(" Hello", 0.0, 0.5, 0.91), Word(" there.", 0.6, 1.2, 0.82)],
+        [Word(" General", 5.0, 5.5, 0.7), Word(" Kenobi,", 5.5, 6.25, 0.6)]
+        + [Word(" you", 6.25, 6.5, 0.99), Word(" are", 6.5, 7.0, 0.98), Word(" bold-->", 7.0, 8.0, 0.5)],
+    ]
+    segments = [
+        Segment(
+            i,
+            ws[0].start,
+            ws[-1].end,
+            "".join(w.word for w in ws),
+            [1],
+            -0.2,
+            1.2,
+            0.01,
+            0.0,
+            0,
+            stats,
+            words=ws,
+        )
+        for i, ws in enumerate(words)
+    ]
+    return segments, TranscriptionInfo(
+        "en", False, 9.0, TranscribeOptions(word_timestamps=True), "tiny.en", None
+    )
+
+
+def _srt(segments, info, **kw) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each srt cue; a cue's lines joined by "|"."""
+    out = []
+    for i, cue in enumerate(
+        _cues(writers.render_srt(segments, info, writers.SubtitleOptions(**kw))), start=1
+    ):
+        m = SRT_TIME.match(cue[1])
+        assert cue[0] == str(i) and m, cue
+        out.append((_seconds(*m.groups()[:4]), _seconds(*m.groups()[4:]), "|".join(cue[2:])))
+    return out
+
+
+def test_srt_with_words_keeps_one_cue_per_segment_by_default():
+    segments, info = _worded()
+    assert _srt(segments, info) == [(0.0, 1.2, "Hello there."), (5.0, 8.0, "General Kenobi, you are bold->")]
+    vtt = writers.render_vtt(segments, info)
+    assert "00:00:05.000 --> 00:00:08.000\nGeneral Kenobi, you are bold->\n" in vtt
+
+
+def test_srt_lines_and_cues_follow_width_and_count():
+    segments, info = _worded()
+    one_line = _srt(segments, info, max_line_width=12, max_line_count=1)
+    assert one_line == [
+        (0.0, 1.2, "Hello there."),  # 12 characters fit; the 3.8 s pause then starts a new cue
+        (5.0, 5.5, "General"),
+        (5.5, 6.5, "Kenobi, you"),
+        (6.5, 8.0, "are bold->"),
+    ]
+    two_lines = _srt(segments, info, max_line_width=12, max_line_count=2)
+    assert two_lines == [
+        (0.0, 1.2, "Hello there."),
+        (5.0, 6.5, "General|Kenobi, you"),
+        (6.5, 8.0, "are bold->"),
+    ]
+    wrapped = _srt(segments, info, max_line_width=12)  # no count: segments stay cues, lines wrap
+    assert wrapped == [(0.0, 1.2, "Hello there."), (5.0, 8.0, "General|Kenobi, you|are bold->")]
+    with pytest.raises(ValueError, match="max_line_width"):
+        writers.SubtitleOptions(max_line_width=0)
+
+
+def test_highlight_words_underlines_each_word_in_turn():
+    segments, info = _worded()
+    cues = _srt(segments[:1], info, highlight_words=True)
+    assert cues == [
+        (0.0, 0.5, "<u>Hello</u> there."),
+        (0.5, 0.6, "Hello there."),  # the gap between the words
+        (0.6, 1.2, "Hello <u>there.</u>"),
+    ]
+
+
+def test_words_go_into_json_and_tsv():
+    segments, info = _worded()
+    doc = json.loads(writers.render_json(segments, info))
+    jsonschema.validate(doc, writers.JSON_SCHEMA)
+    assert doc["segments"][0]["words"] == [
+        {"word": " Hello", "start": 0.0, "end": 0.5, "probability": 0.91},
+        {"word": " there.", "start": 0.6, "end": 1.2, "probability": 0.82},
+    ]
+    rows = list(csv.reader(io.StringIO(writers.render_tsv(segments, info)), delimiter="\t"))
+    assert rows[0] == ["start", "end", "text", "probability"] and len(rows) == 1 + 7
+    assert rows[1] == ["0", "500", "Hello", "0.9100"] and rows[5] == ["6250", "6500", "you", "0.9900"]
+    plain, _ = _synthetic()  # without words: neither gains anything
+    assert "words" not in json.loads(writers.render_json(plain, info))["segments"][0]

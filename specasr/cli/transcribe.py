@@ -32,10 +32,13 @@ from specasr.cli.common import (
     gamma_options,
     load_models,
     model_options,
+    pair_loader,
     prepare_output_dir,
+    ray_options,
+    ray_settings,
 )
-from specasr.options import MODES, STRATEGIES, TranscribeOptions, fallback_schedule
-from specasr.writers import FORMATS
+from specasr.options import MODES, STRATEGIES, TranscribeOptions, VadOptions, fallback_schedule
+from specasr.writers import FORMATS, SubtitleOptions
 
 _TRANSCRIBE = TranscribeOptions()
 _AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".webm", ".mp4", ".aiff", ".aif"}
@@ -132,7 +135,26 @@ def _output_stems(files: list[str]) -> list[str]:
     type=click.Choice(STRATEGIES),
     default=_TRANSCRIBE.strategy,
     show_default=True,
-    help="sequential: Whisper's long-form loop; chunked: overlapping windows in batches (faster).",
+    help="sequential: Whisper's long-form loop; chunked: spans cut at pauses, decoded in batches (faster).",
+)
+@click.option(
+    "--vad",
+    is_flag=True,
+    help="Decode only the speech found by Silero VAD (needs silero-vad); silence and noise give no text.",
+)
+@click.option(
+    "--vad-threshold",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=VadOptions.threshold,
+    show_default=True,
+    help="With --vad: speech probability at which speech starts.",
+)
+@click.option(
+    "--vad-min-silence",
+    type=click.FloatRange(min=0),
+    default=VadOptions.min_silence,
+    show_default=True,
+    help="With --vad: seconds of silence that end a speech chunk.",
 )
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
 @click.option("--stats", is_flag=True, help="Print speculative-decoding statistics per file to stderr.")
@@ -142,6 +164,31 @@ def _output_stems(files: list[str]) -> list[str]:
     help="Skip inputs whose outputs are all in --output-dir already, made from the same file "
     "(same path, size and modification time).",
 )
+@click.option(
+    "--word-timestamps",
+    is_flag=True,
+    help="Time every word (cross-attention alignment): json and tsv list the words with their "
+    "probability, and srt and vtt can lay them out (the next three options).",
+)
+@click.option(
+    "--max-line-width",
+    type=click.IntRange(min=1),
+    default=None,
+    help="srt/vtt with --word-timestamps: characters per line before a line break.",
+)
+@click.option(
+    "--max-line-count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="srt/vtt with --word-timestamps and --max-line-width: lines per cue (words then flow "
+    "across segments).",
+)
+@click.option(
+    "--highlight-words",
+    is_flag=True,
+    help="srt/vtt with --word-timestamps: one cue per word, the spoken word underlined.",
+)
+@ray_options
 def transcribe(
     inputs,
     model,
@@ -159,9 +206,20 @@ def transcribe(
     dtype,
     batch_size,
     strategy,
+    vad,
+    vad_threshold,
+    vad_min_silence,
     seed,
     stats,
     skip_existing,
+    word_timestamps,
+    max_line_width,
+    max_line_count,
+    highlight_words,
+    ray_address,
+    workers,
+    cpus_per_worker,
+    gpus_per_worker,
 ):
     """Transcribe audio INPUTS (files, directories, globs) of any length.
 
@@ -190,11 +248,19 @@ def transcribe(
             _TRANSCRIBE,
             decode=decode,
             strategy=strategy,
+            vad=VadOptions(threshold=vad_threshold, min_silence=vad_min_silence) if vad else None,
             batch_size=batch_size,
             temperatures=fallback_schedule(temperature),
+            word_timestamps=word_timestamps,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    if not word_timestamps and (max_line_width or max_line_count or highlight_words):
+        raise click.UsageError(
+            "--max-line-width, --max-line-count and --highlight-words need --word-timestamps"
+        )
+    if max_line_count is not None and max_line_width is None:
+        raise click.UsageError("--max-line-count needs --max-line-width")
     formats = list(FORMATS) if "all" in formats else list(dict.fromkeys(formats))
     files, unmatched = _expand_inputs(inputs)
     if output_dir is None:
@@ -204,21 +270,31 @@ def transcribe(
             raise click.UsageError("several formats need --output-dir")
         if (len(inputs) > 1 or len(files) > 1) and formats != ["txt"]:
             raise click.UsageError("several inputs print plain text; use --output-dir for other formats")
+    ray = ray_settings(ray_address, workers, cpus_per_worker, gpus_per_worker)
+    if ray is not None and output_dir is None:
+        raise click.UsageError("--ray writes files: give --output-dir")
     check_model_options(model, draft, mode, decode.language, task)
     if output_dir is not None:
         prepare_output_dir(output_dir)
-    check_device(device)  # imports torch for cuda/mps/xpu, so after the cheap checks
+    if ray is None:
+        check_device(device)  # imports torch for cuda/mps/xpu, so after the cheap checks
     batch = None
     try:
-        pair = load_models(model, draft, mode, device, dtype)
+        pair = load_models(model, draft, mode, device, dtype) if ray is None else None
         for item in unmatched:
             click.echo(f"error: {item}: no such file, or no audio files match", err=True)
         batch = _Batch(
             pair, options, formats, output_dir, skip_existing, stats, n_inputs=len(files) + len(unmatched)
         )
         batch.started = started
+        batch.subtitles = SubtitleOptions(max_line_width, max_line_count, highlight_words)
         batch.failed += len(unmatched)
-        batch.run(files)
+        if ray is None:
+            batch.run(files)
+        else:  # Ray actors load the models and write the outputs (cli/transcribe_ray.py)
+            from specasr.cli.transcribe_ray import run_on_ray
+
+            run_on_ray(batch, files, pair_loader(model, draft, mode, device or ray.device, dtype), ray)
     except KeyboardInterrupt:
         if batch is None:
             click.echo("interrupted before any file was transcribed", err=True)
@@ -248,19 +324,15 @@ class _Batch:
         self.quiet = not sys.stderr.isatty()
         self.t0 = time.perf_counter()
         self.started = time.time()
+        self.subtitles: SubtitleOptions | None = None  # srt/vtt layout of word-timed segments
 
     def run(self, files: list[str]) -> None:
         from tqdm import tqdm
 
-        from specasr import writers
-
         dec = self.options.decode  # what only the loaded model can tell: exit 2, once, before any file
         check_loaded(self.pair, dec.mode, dec.language, dec.task)
         stems = _output_stems(files)
-        if self.output_dir is not None:  # temporary files left by runs that were killed
-            folders = {(Path(self.output_dir) / stem).parent for stem in stems}
-            for folder in sorted(folders):
-                writers.clean_stale_temps(folder)
+        self.clean_temps(stems)
         busy = []
         with tqdm(total=len(files), desc="files", unit="file", disable=self.quiet, position=0) as bar:
             for path, stem in zip(files, stems):
@@ -271,6 +343,14 @@ class _Batch:
             for path, stem in busy:
                 self.one(path, stem, single=False, last_try=True)
                 bar.update(1)
+
+    def clean_temps(self, stems: list[str]) -> None:
+        """Removes temporary files left in the output folders by runs that were killed."""
+        from specasr import writers
+
+        if self.output_dir is not None:
+            for folder in sorted({(Path(self.output_dir) / stem).parent for stem in stems}):
+                writers.clean_stale_temps(folder)
 
     def _check_existing(self, path: str, stem: str, source: dict) -> str | None:
         """What to do with `stem`'s existing outputs: "skip", "refuse" (another run wrote
@@ -349,11 +429,13 @@ class _Batch:
                     done.append(seg)
                     bar.update(round(seg.end, 1) - bar.n)
             if self.output_dir is not None:
-                writers.write(done, info, stem, self.output_dir, self.formats, source=source)
+                writers.write(
+                    done, info, stem, self.output_dir, self.formats, source=source, subtitles=self.subtitles
+                )
             elif single:
                 if source is None and self.formats[0] == "json":
                     source = writers.source_record(path)
-                click.echo(writers.render(self.formats[0], done, info, source), nl=False)
+                click.echo(writers.render(self.formats[0], done, info, source, self.subtitles), nl=False)
             else:
                 click.echo(f"{path}: " + " ".join(s.text.strip() for s in done))
         except Exception as e:  # a batch reports the file and goes on, whatever went wrong

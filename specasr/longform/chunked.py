@@ -1,26 +1,33 @@
-"""The `chunked` strategy: overlapping 30 s windows, decoded in batches, merged on tokens.
+"""The `chunked` strategy: the audio cut at pauses into spans of at most 30 s, decoded in batches.
 
-Windows start every 30 - overlap seconds. Each batch of windows is encoded once and decoded
-together (rows share the initial prompt, or none; there is no running prompt). A window's
-text tokens get times from its timestamp segments (spread evenly inside each segment).
+Cutting (`cut_spans`): a span ends at the quietest point (lowest log-Mel level, averaged over
+0.2 s) within the last `cut_search` s before its 30 s limit, or, with voice activity detection,
+at the last join of two speech chunks that fits (chunks are packed, as faster-whisper's batched
+pipeline does). Spans never overlap, so there is nothing to merge, and a seam falls inside a word
+only when speech runs on without a dip for `cut_search` s.
 
-A window keeps its complete timestamp segments ("pieces"); its incomplete last segment is
-left to the next window. Merging a window B into the transcript so far (A): the tokens of A
-and of B that fall in their overlap are compared, and the longest run of equal tokens
-(>= MIN_RUN) is the seam: A keeps what precedes its middle, B supplies the rest. Without
-such a run (silence, or the windows disagree) A is kept whole, and B adds the pieces whose
-middle lies beyond what A covers.
+Each span is a *lane* that runs Whisper's seek loop on its own (longform/sequential.py): a window
+reaches from the lane's seek to its end; a decode that ends early (on a closed timestamp pair, or
+cut off mid-segment) seeks to its last complete timestamp, and the lane's next window decodes the
+rest. Speech is never skipped because a decode stopped early. Every round decodes the current
+window of up to `batch_size` unfinished lanes as one batch (rows share the initial prompt, or none;
+there is no running prompt). A lane's segments are yielded once it and every lane before it are done.
+
+Without a prompt, a follow-up window may say again what its lane's previous window said when
+that window's timestamps ran early; a prefix of its text equal to the end of the lane's text
+(at least MIN_REPEAT tokens) is dropped (`drop_repeat`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from specasr.constants import FRAMES_PER_SECOND, N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
 from specasr.decode.stats import DecodeStats
 from specasr.longform.windows import (
     decode_with_fallback,
@@ -29,135 +36,80 @@ from specasr.longform.windows import (
     is_silence,
     split_window,
     window_mel,
+    window_segments,
 )
+from specasr.longform.words import WordTimer
 from specasr.options import TranscribeOptions
-from specasr.results import DecodeResult, Segment, TranscriptionInfo
+from specasr.results import Segment, TranscriptionInfo
 
-SEAM_TOLERANCE = 1.0  # seconds: tokens this far outside an overlap still take part in aligning it
-MIN_RUN = 3  # equal tokens in a row that make a seam; shorter runs are mostly chance (" the", ".")
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """A timestamp segment of one window's output, in seconds from the start of the audio."""
-
-    start: float
-    end: float
-    result: DecodeResult
-    window: int
-    stats: DecodeStats
+SMOOTH_FRAMES = 21  # 0.2 s: the quietest point is a pause or a dip between words, not one quiet frame
+MIN_REPEAT = 3  # text tokens a follow-up window must repeat before they count as a repeat
 
 
-@dataclass(frozen=True)
-class _Token:
-    id: int
-    start: float
-    end: float
-    piece: _Piece
+def cut_spans(level: Tensor, search: float, joins: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """level: [frames] mean log-Mel level per 10 ms frame of the content -> [(start, end)] frames.
 
-    @property
-    def mid(self) -> float:
-        return (self.start + self.end) / 2
-
-
-def window_tokens(
-    result: DecodeResult, ts_begin: int, eot: int, offset: float, size: int, last: bool, window: int, stats
-) -> tuple[list[_Token], float]:
-    """A window's text tokens with times, and the end (s) of the audio it covers.
-
-    The pieces are the window's complete timestamp segments (as the sequential strategy cuts
-    them). An incomplete last segment is dropped, since the next window covers it, except
-    in the last window, where it runs to the window's end.
+    Spans of at most 3000 frames tile the content. Each ends at the latest of `joins` (frames
+    where two speech chunks meet) that fits, else at the quietest point of its last `search` s.
     """
-    pieces, advance = split_window(result.tokens, ts_begin, size)
-    length = size / FRAMES_PER_SECOND
-    covered = min(advance, size) / FRAMES_PER_SECOND
-    spans = [(a * SECONDS_PER_TIMESTAMP, b * SECONDS_PER_TIMESTAMP, toks) for a, b, toks in pieces]
-    used = sum(len(toks) for _, _, toks in pieces)
-    if last and used < len(result.tokens):
-        spans.append((covered, length, result.tokens[used:]))
-        covered = length
-    out: list[_Token] = []
-    for start, end, toks in spans:
-        text = [t for t in toks if t < eot]
-        if not text:
+    content = level.shape[0]
+    smooth = F.avg_pool1d(level[None, None].float(), SMOOTH_FRAMES, 1, SMOOTH_FRAMES // 2, False)[0, 0]
+    window = round(search * FRAMES_PER_SECOND)
+    spans, start = [], 0
+    while content - start > N_FRAMES:
+        lo, hi = start + N_FRAMES - window, start + N_FRAMES
+        fitting = [j for j in joins if start < j <= hi]
+        if fitting:
+            end = fitting[-1]
+        elif window > 0:
+            end = lo + int(torch.argmin(smooth[lo:hi]))
+        else:
+            end = hi
+        spans.append((start, end))
+        start = end
+    if start < content or not spans:
+        spans.append((start, content))
+    return spans
+
+
+def drop_repeat(segments: list[Segment], said: list[int], eot: int, tok) -> list[Segment]:
+    """segments of a follow-up window, less the longest prefix of their text tokens that equals
+    a suffix of `said` (the lane's text tokens so far), if it is at least MIN_REPEAT long."""
+    text = [t for s in segments for t in s.tokens if t < eot]
+    limit = min(len(text), len(said))
+    repeat = max((n for n in range(MIN_REPEAT, limit + 1) if text[:n] == said[-n:]), default=0)
+    out = []
+    for seg in segments:
+        keep = []  # indices of the tokens kept
+        for i, t in enumerate(seg.tokens):
+            if t < eot and repeat > 0:
+                repeat -= 1
+            else:
+                keep.append(i)
+        if len(keep) == len(seg.tokens):
+            out.append(seg)
             continue
-        start = min(start, length)
-        end = max(min(end, length), start)
-        piece = _Piece(offset + start, offset + end, result, window, stats)
-        step = (end - start) / len(text)
-        out += [
-            _Token(t, piece.start + i * step, piece.start + (i + 1) * step, piece) for i, t in enumerate(text)
-        ]
-    return out, offset + covered
-
-
-def common_run(a: list[int], b: list[int]) -> tuple[int, int, int]:
-    """The longest run a[i : i + n] == b[j : j + n], as (i, j, n); the first one on ties."""
-    best = (0, 0, 0)
-    prev = [0] * (len(b) + 1)  # prev[j + 1]: length of the common run ending at a[i - 1], b[j]
-    for i in range(len(a)):
-        cur = [0] * (len(b) + 1)
-        for j in range(len(b)):
-            if a[i] == b[j]:
-                cur[j + 1] = prev[j] + 1
-                if cur[j + 1] > best[2]:
-                    best = (i - cur[j + 1] + 1, j - cur[j + 1] + 1, cur[j + 1])
-        prev = cur
-    return best
-
-
-def merge(stream: list[_Token], new: list[_Token], overlap_start: float, covered: float) -> list[_Token]:
-    """stream (covering audio up to `covered` s) + the next window's tokens, which start at
-    `overlap_start` s, with the overlap kept once."""
-    if not new:
-        return stream
-    tail = [k for k, t in enumerate(stream) if t.mid >= overlap_start - SEAM_TOLERANCE]
-    head = [k for k, t in enumerate(new) if t.mid <= covered + SEAM_TOLERANCE]
-    i, j, n = common_run([stream[k].id for k in tail], [new[k].id for k in head])
-    if n >= MIN_RUN:
-        return stream[: tail[i + n // 2]] + new[head[j + n // 2] :]
-    # no shared run: keep the transcript, and the next window's pieces that lie mostly beyond it
-    return stream + [t for t in new if (t.piece.start + t.piece.end) / 2 > covered]
-
-
-def _segments(tokens: list[_Token], pair, first_id: int, last_end: float) -> list[Segment]:
-    """Runs of tokens from one piece -> segments, kept in order and non-overlapping."""
-    out: list[Segment] = []
-    k = 0
-    while k < len(tokens):
-        piece = tokens[k].piece
-        run = [tokens[k]]
-        while k + len(run) < len(tokens) and tokens[k + len(run)].piece is piece:
-            run.append(tokens[k + len(run)])
-        k += len(run)
-        text = pair.tokenizer.decode([t.id for t in run])
-        if not text.strip():
+        tokens = [seg.tokens[i] for i in keep]
+        if not tok.decode(tokens).strip():
             continue
-        start = max(run[0].start, last_end)
-        last_end = max(run[-1].end, start)
-        out.append(
-            Segment.from_result(
-                piece.result,
-                id=first_id + len(out),
-                start=start,
-                end=last_end,
-                text=text,
-                tokens=[t.id for t in run],
-                window=piece.window,
-                stats=piece.stats,
-            )
-        )
+        kinds = [seg.token_kinds[i] for i in keep] if seg.token_kinds else []
+        out.append(replace(seg, tokens=tokens, text=tok.decode(tokens), token_kinds=kinds))
     return out
 
 
-def window_starts(content: int, overlap: float) -> list[int]:
-    """Start frames of the windows covering `content` frames, consecutive ones sharing `overlap` s."""
-    step = N_FRAMES - round(overlap * FRAMES_PER_SECOND)
-    starts = [0]
-    while starts[-1] + N_FRAMES < content:
-        starts.append(starts[-1] + step)
-    return starts
+@dataclass
+class _Lane:
+    """One span's seek loop: frames [start, end) of the content, decoded up to `seek`."""
+
+    start: int
+    end: int
+    seek: int
+    segments: list[Segment] = field(default_factory=list)
+    said: list[int] = field(default_factory=list)  # text tokens of `segments`
+
+    @property
+    def done(self) -> bool:
+        return self.seek >= self.end
 
 
 def chunked(
@@ -166,66 +118,67 @@ def chunked(
     options: TranscribeOptions,
     info: TranscriptionInfo,
     first: tuple[Tensor, Tensor | None] | None = None,
+    joins: Sequence[int] = (),
 ) -> Iterator[Segment]:
-    """mel: (n_mels, content frames + 3000) -> segments, one batch of windows at a time.
+    """mel: (n_mels, content frames + 3000) -> segments, one batch of lane windows at a time.
 
-    first: the first window's encoder states, when they were computed for language detection.
+    first: the first window's encoder states, when they were computed for language detection;
+    joins: content frames where the speech chunks kept by voice activity detection meet.
     """
     tok = pair.tokenizer
     content = mel.shape[-1] - N_FRAMES
-    starts = window_starts(content, options.chunk_overlap)
+    level = mel[:, :content].float().mean(dim=0)  # [content frames]
+    lanes = [_Lane(a, b, a) for a, b in cut_spans(level, options.cut_search, joins)]
     prompt = initial_prompt_tokens(tok, options) or None
-    stream: list[_Token] = []
-    covered = 0.0  # end (s) of the last window merged into the stream
-    n_segments, last_end = 0, 0.0
-    for b0 in range(0, len(starts), options.batch_size):
-        batch = starts[b0 : b0 + options.batch_size]
-        sizes = [min(N_FRAMES, content - s) for s in batch]
+    words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
+    shown, n_segments = 0, 0  # lanes yielded so far, segments yielded so far
+    while shown < len(lanes):
+        todo = [lane for lane in lanes[shown:] if not lane.done][: options.batch_size]
+        seeks = [lane.seek for lane in todo]
+        sizes = [min(N_FRAMES, lane.end - lane.seek) for lane in todo]
+        reuse = first if seeks[0] == 0 and sizes[0] == min(N_FRAMES, content) else None
+        first = None  # the detection window is reused at most once
         stats = DecodeStats()
-        states = _encode(pair, mel, batch, sizes, stats, first if b0 == 0 else None)
+        states = _encode(pair, mel, seeks, sizes, stats, reuse)
         results = decode_with_fallback(
-            pair, *states, options, info.language, prompt, options.decode.seed + b0, stats
+            pair, *states, options, info.language, prompt, options.decode.seed + info.windows, stats
         )
         info.stats = info.stats.merge(stats)
-        info.windows += len(batch)
-        for w, (seek, size, result) in enumerate(zip(batch, sizes, results)):
+        for row, (lane, size, result) in enumerate(zip(todo, sizes, results)):
+            window = info.windows + row
             if is_silence(result, options):
+                lane.seek += size
                 continue
-            offset, last = seek / FRAMES_PER_SECOND, b0 + w == len(starts) - 1
-            new, new_covered = window_tokens(
-                result, tok.timestamp_begin, tok.eot, offset, size, last, b0 + w, stats
-            )
-            stream = merge(stream, new, offset, covered)
-            covered = max(covered, new_covered)
-        # tokens before the next window's overlap are final
-        final_before = (
-            starts[b0 + len(batch)] / FRAMES_PER_SECOND - SEAM_TOLERANCE
-            if b0 + len(batch) < len(starts)
-            else None
-        )
-        cut = (
-            len(stream)
-            if final_before is None
-            else next((k for k, t in enumerate(stream) if t.mid >= final_before), len(stream))
-        )
-        while 0 < cut < len(stream) and stream[cut].piece is stream[cut - 1].piece:
-            cut -= 1  # keep a piece that straddles the boundary whole, for the next round
-        segments = _segments(stream[:cut], pair, n_segments, last_end)
-        stream = stream[cut:]
-        if segments:
-            n_segments += len(segments)
-            last_end = segments[-1].end
-        yield from segments
+            offset = lane.seek / FRAMES_PER_SECOND
+            pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
+            lane.seek += min(advance, size)
+            lane_end = min(info.duration, lane.end / FRAMES_PER_SECOND)  # beyond it the window is padding
+            current = window_segments(tok, result, pieces, offset, lane_end, window, stats)
+            if lane.said:
+                current = drop_repeat(current, lane.said, tok.eot, tok)
+            if words is not None and current:  # one teacher-forced pass over the window's final tokens
+                words.add(
+                    window, states[0][row : row + 1], offset, size, [t for s in current for t in s.tokens]
+                )
+                current = words.attach(current)
+            lane.segments += current
+            lane.said += [t for seg in current for t in seg.tokens if t < tok.eot]
+        info.windows += len(todo)
+        while shown < len(lanes) and lanes[shown].done:
+            for seg in lanes[shown].segments:
+                yield replace(seg, id=n_segments)
+                n_segments += 1
+            shown += 1
 
 
 def _encode(
-    pair, mel: Tensor, batch: list[int], sizes: list[int], stats: DecodeStats, first
+    pair, mel: Tensor, seeks: list[int], sizes: list[int], stats: DecodeStats, first
 ) -> tuple[Tensor, Tensor | None]:
-    """Encoder states of a batch of windows [B, 1500, d]; reuses `first` for window 0."""
-    todo = batch[1:] if first is not None else batch
+    """Encoder states of a batch of windows [B, 1500, d]; reuses `first` for row 0."""
+    todo = list(zip(seeks, sizes))[1:] if first is not None else list(zip(seeks, sizes))
     if not todo:
         return first
-    windows = torch.cat([window_mel(mel, s, n) for s, n in zip(todo, sizes[-len(todo) :])])
+    windows = torch.cat([window_mel(mel, s, n) for s, n in todo])  # [B', n_mels, 3000]
     t_states, d_states = encode_windows(pair, windows, stats)
     if first is None:
         return t_states, d_states

@@ -8,7 +8,10 @@ split into segments at each pair of consecutive timestamps `<|t1|><|t2|>`, and t
 - a window without a closed pair is one segment covering it.
 
 Each window falls back through the temperature schedule while its output looks degenerate
-(gzip compression ratio > 2.4, a repetition loop; or average log-prob < -1). A window that is
+(gzip compression ratio > 2.4, a repetition loop; or average log-prob < -1). When every
+temperature fails under the previous text as prompt, the window is decoded again without it
+(the prompt is what sent it into a loop: the same sentence heard again right after itself), and
+it does not prompt the next window; Whisper would keep the last, sampled at T = 1. A window that is
 probably silence (P(<|nospeech|>) > 0.6 with a low log-prob) is skipped. The encoder runs
 once per window; every fallback step reuses its states (`windows.py`).
 """
@@ -16,19 +19,23 @@ once per window; every fallback step reuses its states (`windows.py`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from torch import Tensor
 
-from specasr.constants import FRAMES_PER_SECOND, N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
 from specasr.decode.stats import DecodeStats
 from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
     initial_prompt_tokens,
     is_silence,
+    needs_fallback,
     split_window,
     window_mel,
+    window_segments,
 )
+from specasr.longform.words import WordTimer
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
 
@@ -49,6 +56,7 @@ def sequential(
     all_tokens = initial_prompt_tokens(tok, options)
     prompt_since = 0  # all_tokens[prompt_since:] prompts the next window
     seek, n_segments = 0, 0
+    words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
     while seek < content:
         size = min(N_FRAMES, content - seek)
         offset = seek / FRAMES_PER_SECOND
@@ -63,6 +71,11 @@ def sequential(
         result = decode_with_fallback(
             pair, *states, options, info.language, prompt, options.decode.seed + window, stats
         )[0]
+        unprompted = prompt is not None and needs_fallback(result, options)
+        if unprompted:  # every temperature failed under the prompt: the prompt sent it into a loop
+            result = decode_with_fallback(
+                pair, *states, options, info.language, None, options.decode.seed + window, stats
+            )[0]
         info.stats = info.stats.merge(stats)
         info.windows += 1
         if is_silence(result, options):
@@ -70,30 +83,17 @@ def sequential(
             continue
         pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
         seek += advance
-        current, first_token = [], 0
-        for start_ts, end_ts, tokens in pieces:
-            kinds = result.token_kinds[first_token : first_token + len(tokens)]
-            first_token += len(tokens)  # pieces are consecutive slices of result.tokens
-            start = offset + start_ts * SECONDS_PER_TIMESTAMP
-            end = min(offset + end_ts * SECONDS_PER_TIMESTAMP, info.duration)
-            text = tok.decode(tokens)
-            if end <= start or not text.strip():
-                continue
-            current.append(
-                Segment.from_result(
-                    result,
-                    id=n_segments + len(current),
-                    start=start,
-                    end=end,
-                    text=text,
-                    tokens=tokens,
-                    window=window,
-                    stats=stats,
-                    token_kinds=kinds,
-                )
-            )
+        current = window_segments(tok, result, pieces, offset, info.duration, window, stats)
+        current = [replace(seg, id=n_segments + k) for k, seg in enumerate(current)]
+        if words is not None and current:  # one teacher-forced pass over the window's final tokens
+            words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])
+            current = words.attach(current)
         all_tokens += [t for s in current for t in s.tokens]
-        if not options.condition_on_previous_text or result.temperature > options.prompt_reset_temperature:
+        if (
+            unprompted
+            or not options.condition_on_previous_text
+            or result.temperature > options.prompt_reset_temperature
+        ):
             prompt_since = len(all_tokens)
         n_segments += len(current)
         yield from current

@@ -1,5 +1,6 @@
 """Window decoding shared by both long-form strategies: prompts, the temperature fallback,
-the no-speech skip, windows of log-Mel frames, and cutting a window's tokens at timestamps.
+the no-speech skip, windows of log-Mel frames, and cutting a window's tokens at timestamps
+into segments.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from specasr.constants import N_FRAMES
+from specasr.constants import N_FRAMES, SECONDS_PER_TIMESTAMP
 from specasr.decode.loop import decode_states
 from specasr.decode.stats import DecodeStats, timed
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
-from specasr.results import DecodeResult
+from specasr.results import DecodeResult, Segment
 
 
 def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:
@@ -107,3 +108,42 @@ def split_window(tokens: list[int], ts_begin: int, size: int) -> tuple[list[tupl
         last = cut
     advance = size if single_ending else (tokens[last - 1] - ts_begin) * 2
     return pieces, advance if advance > 0 else size
+
+
+def window_segments(
+    tok,
+    result: DecodeResult,
+    pieces: list[tuple[int, int, list[int]]],
+    offset: float,
+    duration: float,
+    window: int,
+    stats: DecodeStats,
+) -> list[Segment]:
+    """A window's pieces (from `split_window`) -> its segments, numbered from 0 in the window.
+
+    offset: the window's start (s); duration: where the window's audio ends (s; segments end no
+    later). Pieces without text or time are dropped."""
+    out: list[Segment] = []
+    first_token = 0
+    for start_ts, end_ts, tokens in pieces:
+        kinds = result.token_kinds[first_token : first_token + len(tokens)]
+        first_token += len(tokens)  # pieces are consecutive slices of result.tokens
+        start = offset + start_ts * SECONDS_PER_TIMESTAMP
+        end = min(offset + end_ts * SECONDS_PER_TIMESTAMP, duration)
+        text = tok.decode(tokens)
+        if end <= start or not text.strip():
+            continue
+        out.append(
+            Segment.from_result(
+                result,
+                id=len(out),
+                start=start,
+                end=end,
+                text=text,
+                tokens=tokens,
+                window=window,
+                stats=stats,
+                token_kinds=kinds,
+            )
+        )
+    return out

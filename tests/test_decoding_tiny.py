@@ -150,12 +150,13 @@ def test_rollback_equals_cache_from_scratch(tiny, runner_kind, stop):
 
 
 # ---- the draft-confidence stop ---------------------------------------------------------------
-def test_confidence_is_the_least_row_probability_of_the_picked_token():
+def test_confidence_is_the_greatest_row_probability_of_the_picked_token():
     rows = torch.tensor([[0.0, 0.0, -math.inf], [2.0, 0.0, 0.0]])  # [B=2, V=3], filtered
     picked = torch.tensor([1, 0])
     e2 = math.exp(2)
-    assert confidence(rows, picked, 0.0) == pytest.approx(min(0.5, e2 / (e2 + 2)))
-    assert confidence(rows, picked, 1.0) == pytest.approx(0.5)  # T = 0 scores at T = 1
+    assert confidence(rows, picked, 0.0) == pytest.approx(max(0.5, e2 / (e2 + 2)))
+    assert confidence(rows, picked, 1.0) == confidence(rows, picked, 0.0)  # T = 0 scores at T = 1
+    assert confidence(rows[:1], picked[:1], 0.0) == pytest.approx(0.5)
     e4 = math.exp(4)  # at T = 0.5, row 1's pick has e^4 / (e^4 + 2)
     assert confidence(rows[1:], picked[1:], 0.5) == pytest.approx(e4 / (e4 + 2))
 

@@ -8,8 +8,11 @@ every position the draft did not reach is drawn from the target itself.
 `ConfidenceStop` ends a run at a proposal the draft is unsure of, q(d) < threshold: the
 tokens after it would probably be rejected, so their draft steps and verify positions
 would be wasted, and on a CPU a longer verify pass costs more. That proposal is still
-offered. In a batch the least q over the rows decides, because a lockstep batch is capped
-by its weakest row.
+offered. In a batch the run ends only once every row is unsure (the greatest q over the
+rows is below the threshold): rows are ragged, so each keeps what it accepted, and a row
+that is still sure would lose its tokens to a stop decided by its least sure neighbour.
+Measured on the long-form fixture with base and the packaged draft, stopping at the least
+sure row cut B = 8 to 2.13 tokens per pass against 3.62 at B = 1.
 """
 
 from __future__ import annotations
@@ -34,17 +37,17 @@ class NeverStop:
 
 
 def confidence(rows: Tensor, picked: Tensor, temperature: float) -> float:
-    """The least, over the batch's rows, of the draft's probability of the token it picked:
-    q(d) = softmax(rows / T)[d], with T = 1 for greedy drafts. rows [B, V], picked [B]."""
+    """The greatest, over the batch's rows, of the draft's probability of the token it
+    picked: q(d) = softmax(rows / T)[d], with T = 1 for greedy drafts. rows [B, V], picked [B]."""
     scaled = rows.float() / temperature if temperature > 0 else rows.float()
     # softmax, not logsumexp: a draft row is −inf off its vocabulary, where torch.logsumexp
     # is several times slower than softmax on a CPU
-    return float(torch.softmax(scaled, -1).gather(1, picked[:, None]).min())
+    return float(torch.softmax(scaled, -1).gather(1, picked[:, None]).max())
 
 
 @dataclass(frozen=True)
 class ConfidenceStop:
-    threshold: float  # stop once q(proposal) < this
+    threshold: float  # stop once q(proposal) < this in every row
     temperature: float  # the decode's temperature (0: greedy drafts, scored at T = 1)
 
     def stop(self, rows: Tensor, picked: Tensor) -> bool:

@@ -8,8 +8,8 @@ its windows decoded 1 at a time and B at a time, and once target-only. Per confi
 α̂ per token (accepted / (accepted + rejected)), tokens each row emits per target pass
 (what a row loses in lockstep), (row, pass) pairs, and whether the tokens equal the
 target-only ones. Rows are ragged, so each row keeps all it accepted; γ and the draft stop
-are still the batch's (the stop looks at the least confident row), so with a draft stop
-a row in a batch can stop earlier than alone. Counts only, no timings: safe on a busy
+are still the batch's (the run stops once every row is unsure), so with a draft stop a
+row in a batch can draft further than alone. Counts only, no timings: safe on a busy
 machine.
 """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from specasr.constants import BACKENDS, MODES
 
-GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic")
+GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic", "backoff")
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class DecodeOptions:
     mode: str = "exact"  # autoregressive (target only) | baseline | exact | sigmoid verifier
     temperature: float = 0.0  # 0 = greedy; > 0 samples from softmax(logits / T)
     gamma: int = 7  # draft tokens per step (at most, with draft_stop): fixed value or adaptive start
-    gamma_policy: str = "auto"  # auto (CPU: fixed, CUDA: adaptive) | fixed | adaptive | analytic
+    gamma_policy: str = "auto"  # auto (CPU: backoff, CUDA: adaptive) | fixed | adaptive | analytic | backoff
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
     draft_stop: float = 0.6  # stop drafting once q(proposal) < this (0 = always γ); exact
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)

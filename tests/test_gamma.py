@@ -7,9 +7,12 @@ import random
 import pytest
 
 from specasr.decode.gamma import (
+    CPU_COST,
     AdaptiveGamma,
     AnalyticGamma,
+    BackoffGamma,
     FixedGamma,
+    SpeculationCost,
     best_speedup,
     crossing,
     expected_tokens,
@@ -41,13 +44,81 @@ def test_adaptive_gamma_ignores_runs_the_confidence_stop_ended():
     assert p.next() == 8
 
 
-def test_auto_policy_is_fixed_on_cpu_and_adaptive_on_accelerators():
+def test_auto_policy_is_fixed_with_backoff_on_cpu_and_adaptive_on_accelerators():
     cpu, gpu = make_policy("auto", 4, 16, "cpu"), make_policy("auto", 4, 16, "cuda")
-    assert isinstance(cpu, FixedGamma) and isinstance(gpu, AdaptiveGamma)
+    assert isinstance(cpu, BackoffGamma) and isinstance(cpu.inner, FixedGamma)
+    assert isinstance(gpu, AdaptiveGamma) and cpu.cost == CPU_COST
     for p in (cpu, gpu):
         p.update(4, 4)
     assert (cpu.next(), gpu.next()) == (4, 6)
     assert DecodeOptions().gamma_policy == "auto"
+
+
+# ---- backoff: γ = 0 while speculation cannot pay ------------------------------------------
+def _trace(policy, accept, steps):
+    """γ per step, feeding `accept(γ)` accepted tokens back after every speculative pass."""
+    seen = []
+    for _ in range(steps):
+        g = policy.next()
+        seen.append(g)
+        if g:
+            policy.update(g, accept(g))
+    return seen
+
+
+def test_backoff_keeps_speculating_with_a_good_draft():
+    p = BackoffGamma(FixedGamma(7), CPU_COST)
+    assert _trace(p, lambda g: g, 50) == [7] * 50 and p.fallbacks == 0
+    q = BackoffGamma(FixedGamma(7), CPU_COST)  # about 0.8 per token: above break-even
+    assert 0 not in _trace(q, lambda g: 3, 50)
+
+
+def _zero_runs(seen: list[int]) -> list[int]:
+    runs, n = [], 0
+    for g in seen + [1]:
+        if g == 0:
+            n += 1
+        elif n:
+            runs, n = runs + [n], 0
+    return runs
+
+
+def test_backoff_falls_back_to_the_target_and_probes_less_often():
+    p = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=5, probe_max=20)
+    seen = _trace(p, lambda g: 0, 80)  # a draft that never agrees
+    first = seen.index(0)
+    assert 0 not in seen[:first] and first >= 5  # it speculates until it has evidence …
+    assert _zero_runs(seen)[:4] == [5, 10, 20, 20]  # … then probes after 5, 10, 20, 20 target steps
+    assert all(g == 7 for g in seen if g) and p.fallbacks == len(_zero_runs(seen))
+
+
+def test_backoff_returns_when_the_draft_starts_agreeing():
+    p = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=4)
+    good = [False]
+    seen = _trace(p, lambda g: g if good[0] else 0, 12)
+    assert 0 in seen
+    good[0] = True
+    later = _trace(p, lambda g: g if good[0] else 0, 20)
+    assert later[-10:] == [7] * 10  # all-accepted probes lift α̂ over break-even
+
+
+def test_backoff_starts_target_only_for_an_untrained_language():
+    p = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True)
+    assert _trace(p, lambda g: g, 6) == [0] * 6  # then a probe that accepts everything …
+    assert _trace(p, lambda g: g, 10) == [7] * 10  # … brings speculation back
+    q = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True)
+    assert _zero_runs(_trace(q, lambda g: 1, 40))[:2] == [6, 12]  # a poor draft stays mostly off
+    assert make_policy("auto", 7, 16, "cpu", untrained=True).untrained
+
+
+def test_backoff_break_even_follows_the_cost_curve():
+    cheap = SpeculationCost(0.05, {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0})
+    assert cheap.break_even() < 0.1 < 0.4 < CPU_COST.break_even() < 0.5
+    assert SpeculationCost.parse("0.268", "2:1.32,3:1.42") == SpeculationCost(
+        0.268, {1: 1.0, 2: 1.32, 3: 1.42}
+    )
+    cheap_policy = BackoffGamma(FixedGamma(3), cheap)  # α̂ 0.25 still pays when drafts are almost free
+    assert 0 not in _trace(cheap_policy, lambda g: 1 if random.random() < 0.5 else 0, 40)
 
 
 def test_fixed_policy_ignores_feedback():

@@ -76,3 +76,22 @@ def test_shipped_draft_samples_identically_in_baseline_and_exact(shipped, libriv
     a = decode(shipped, mel, replace(opts, mode="baseline"))[0]
     b = decode(shipped, mel, replace(opts, mode="exact"))[0]
     assert a.tokens == b.tokens and a.stats.proposed > 0
+
+
+def test_backoff_starts_target_only_in_a_language_the_draft_never_saw(shipped, librivox, librivox_mels):
+    """The CPU default γ policy (`BackoffGamma`): the draft's recipe says English, so a
+    French decode starts target-only and probes later; an English one never backs off
+    here. Tokens equal autoregressive decoding either way."""
+    pair = replace(shipped, draft_languages=shipped.draft.languages)
+    assert pair.draft_languages == ("en",)
+    mel = librivox_mels[librivox[0].id]
+    for lang in ("fr", "en"):
+        opts = DecodeOptions(language=lang)
+        ar = decode(pair, mel, replace(opts, mode="autoregressive"))[0]
+        sp = decode(pair, mel, opts)[0]
+        assert sp.tokens == ar.tokens, lang
+        target_only = sp.stats.target_calls - len(sp.stats.gammas)
+        if lang == "fr":
+            assert target_only >= min(16, sp.stats.emitted)
+        else:
+            assert target_only == 0 and sp.stats.gammas

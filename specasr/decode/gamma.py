@@ -1,6 +1,9 @@
 """γ policies: how many draft tokens to propose at the next verify pass.
 
-- auto:      fixed on CPU, adaptive elsewhere (see `make_policy`).
+- auto:      fixed with backoff on CPU, adaptive elsewhere (see `make_policy`).
+- backoff:   wraps another policy and falls back to γ = 0 (target-only steps) while the
+             acceptance it has counted says speculation cannot pay at the stored cost curve,
+             probing with one speculative pass every `probe_after` target steps.
 - fixed:     γ never changes.
 - adaptive:  start at γ0; +2 when every proposed token was accepted, otherwise −1; γ >= 1;
              a run the draft-confidence stop ended early leaves γ as it is.
@@ -57,6 +60,32 @@ def crossing(goal: float, f, lo: float, hi: float) -> float | None:
         else:
             hi = mid
     return hi if b else lo
+
+
+@dataclass(frozen=True)
+class SpeculationCost:
+    """What speculation costs on a device, relative to one target step: c = draft step ÷
+    target step, verify[k] = v(k) = target pass over k tokens ÷ pass over one. Stored
+    numbers, never timed in the loop, so a policy built on them stays deterministic."""
+
+    c: float
+    verify: dict[int, float]
+
+    def break_even(self) -> float:
+        """The least α at which the best fixed γ beats target-only decoding."""
+        return crossing(1.0, lambda a: best_speedup(a, self.c, self.verify)[0], 0.0, 0.999) or 1.0
+
+    @classmethod
+    def parse(cls, c: str, verify: str) -> SpeculationCost:
+        """From metadata strings: c "0.2", verify "2:1.28,3:1.50,…" (v(1) = 1 is implied)."""
+        pairs = (item.split(":") for item in verify.split(",") if item.strip())
+        return cls(float(c), {1: 1.0} | {int(k): float(v) for k, v in pairs})
+
+
+# Base and its packaged int8 draft on the 2-core dev CPU (docs/benchmarks.md, "Long-form
+# speedup on CPU": the measured c and v(2) … v(5)); break-even α ≈ 0.46. A draft file may
+# carry its own (`cost_c`, `cost_verify` metadata); the figures are CPU ones, for CPU policies.
+CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 
 
 class GammaPolicy:
@@ -155,13 +184,98 @@ class AnalyticGamma(GammaPolicy):
         return self.gamma
 
 
-def make_policy(name: str, gamma: int, gamma_max: int, device: str = "cpu") -> GammaPolicy:
-    """`auto` is fixed on CPU, where verifying k tokens costs more with every k (so long drafts
-    that are all accepted are not worth growing), and adaptive on accelerators, where a pass
-    over 2–20 tokens costs about one step. Both are deterministic, so seeded sampling
-    repeats exactly; analytic is not (its γ follows measured times)."""
+@dataclass
+class BackoffGamma(GammaPolicy):
+    """`inner`'s γ while speculation pays, else γ = 0: target-only steps.
+
+    It counts per-token acceptance like `AnalyticGamma` (accepted, plus the first rejection
+    of a pass, with old passes decayed). Once it has judged `min_evidence` tokens, after
+    each speculative pass it asks whether the best fixed γ at that α̂ beats target-only
+    decoding by `margin` under the stored `cost`. If not, the next `probe_after` steps are
+    target-only, then one speculative pass probes again; each failed probe doubles the
+    wait (up to `probe_max`), a probe that pays resumes speculation and resets it. Counts
+    only: the same audio gives the same γ sequence, so seeded sampling stays reproducible.
+    A batch counts its least-accepting row, as the loop reports it.
+
+    untrained: the draft was not trained on this decode's language (a distilled draft's
+    recipe names its languages). Then it starts target-only, with a prior of α = 0 worth
+    `untrained_prior` tokens, and lets the probes show otherwise."""
+
+    inner: GammaPolicy
+    cost: SpeculationCost
+    margin: float = 1.0  # speculation must be expected to be at least this much faster
+    # judged tokens before the first decision: a false fallback on a draft trained
+    # for the language costs more than a late true one, so it waits for a few passes
+    min_evidence: float = 10.0
+    untrained_prior: float = 4.0  # untrained: α = 0 worth this many judged tokens
+    probe_after: int = 16  # target-only steps before the first probe
+    probe_max: int = 64  # the longest wait between probes
+    decay: float = 0.9  # per pass, on the counts
+    untrained: bool = False
+    _acc: float = field(default=0.0, repr=False)
+    _tries: float = field(default=0.0, repr=False)
+    _seen: int = field(default=0, repr=False)  # judged tokens, undecayed
+    _off: int = field(default=0, repr=False)  # target-only steps left before the next probe
+    _wait: int = field(default=0, repr=False)  # the wait after the next failed decision
+    fallbacks: int = 0  # times it switched to target-only steps
+
+    def __post_init__(self) -> None:
+        if self.untrained:
+            self._tries, self._off = self.untrained_prior, self.probe_after
+            self._wait = min(2 * self.probe_after, self.probe_max)  # as after one failed decision
+
+    @property
+    def alpha(self) -> float:
+        return min(0.999, self._acc / self._tries) if self._tries else 1.0
+
+    def pays(self) -> bool:
+        if not self.untrained and self._seen < self.min_evidence:
+            return True
+        return best_speedup(self.alpha, self.cost.c, self.cost.verify)[0] >= self.margin
+
+    def next(self) -> int:
+        if self._off > 0:
+            self._off -= 1
+            return 0
+        return self.inner.next()
+
+    def update(
+        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+    ) -> None:
+        self.inner.update(gamma, accepted, draft_s, target_s, stopped)
+        judged = accepted + (1 if accepted < gamma else 0)  # the first rejection, if any
+        self._acc = self.decay * self._acc + accepted
+        self._tries = self.decay * self._tries + judged
+        self._seen += judged
+        if self.pays():
+            self._wait = self.probe_after
+            return
+        self._wait = max(self._wait, self.probe_after)
+        self._off = self._wait
+        self._wait = min(2 * self._wait, self.probe_max)
+        self.fallbacks += 1
+
+
+def make_policy(
+    name: str,
+    gamma: int,
+    gamma_max: int,
+    device: str = "cpu",
+    cost: SpeculationCost | None = None,
+    untrained: bool = False,
+) -> GammaPolicy:
+    """`auto` is fixed with backoff on CPU, where verifying k tokens costs more with every k
+    (so long drafts that are all accepted are not worth growing, and a draft that agrees
+    too rarely makes decoding slower than the target alone), and adaptive on accelerators,
+    where a pass over 2–20 tokens costs about one step. `backoff` is fixed with backoff on
+    any device. Fixed, adaptive and backoff are deterministic, so seeded sampling repeats
+    exactly; analytic is not (its γ follows measured times). cost: the stored cost curve
+    for backoff (default `CPU_COST`); untrained: the draft never saw the decode's language
+    (backoff starts target-only)."""
     if name == "auto":
-        name = "fixed" if device == "cpu" else "adaptive"
+        name = "backoff" if device == "cpu" else "adaptive"
+    if name == "backoff":
+        return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, untrained=untrained)
     if name == "fixed":
         return FixedGamma(gamma)
     if name == "adaptive":

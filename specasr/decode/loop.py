@@ -36,7 +36,16 @@ class DecodeLoop:
 
     def __init__(self, pair, options: DecodeOptions, task: Task, stats: DecodeStats, hooks: Hooks) -> None:
         self.pair, self.options, self.task, self.stats, self.hooks = pair, options, task, stats, hooks
-        self.policy = make_policy(options.gamma_policy, options.gamma, options.gamma_max, pair.device.type)
+        langs = getattr(pair, "draft_languages", None)  # what a distilled draft was trained on
+        untrained = langs is not None and options.language is not None and options.language not in langs
+        self.policy = make_policy(
+            options.gamma_policy,
+            options.gamma,
+            options.gamma_max,
+            pair.device.type,
+            getattr(pair, "cost", None),  # a draft's stored cost curve, for the backoff policy
+            untrained,
+        )
         clock = Clock(stats, pair.device, options.timing or self.policy.wants_times)
         gen = torch.Generator(device=pair.device).manual_seed(options.seed)
         self.ctx = StepContext(pair, options, task, stats, clock, gen)
@@ -59,11 +68,11 @@ class DecodeLoop:
                 self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature),
             )
         while batch.active:
-            if step is None:
+            gamma = 0 if step is None else min(self.policy.next(), N_TEXT_CTX - max(batch.lengths))
+            if gamma == 0:  # no draft, or the γ policy backed off: target only (the draft catches up later)
                 target_step(ctx, batch, target)
-            else:
-                room = N_TEXT_CTX - max(batch.lengths)  # cache slots left for the longest row's γ (>= 1)
-                self._speculative(step, batch, min(self.policy.next(), room))
+            else:  # (the room left in the cache for the longest row's γ is >= 1)
+                self._speculative(step, batch, gamma)
             before = len(batch.active)
             kept = batch.finish(pair.tokenizer.eot, task.limit)
             if kept and len(kept) < before:

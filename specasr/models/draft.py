@@ -24,6 +24,7 @@ File format: safetensors with the draft's own tensors (fp16) and metadata
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -43,6 +44,9 @@ VERSION = 1
 def _equal_as(mine: Tensor, theirs: Tensor, stored: torch.dtype) -> bool:
     """mine == theirs after theirs makes a round trip through the `stored` dtype."""
     return mine.shape == theirs.shape and torch.equal(mine, theirs.to(stored).to(mine.dtype))
+
+
+COST_KEYS = ("cost_c", "cost_verify")  # optional: the measured cost curve (`decode.gamma.SpeculationCost`)
 
 
 class DistilledDraft(nn.Module):
@@ -79,6 +83,16 @@ class DistilledDraft(nn.Module):
         }
         self.cross_from = [self._same_cross(layer, dec, i) for i, layer in enumerate(self.layers)]
         return self
+
+    @property
+    def languages(self) -> tuple[str, ...] | None:
+        """The languages its recipe trained it on (`recipe` metadata, "language": a code or a
+        comma-separated list), or None when the file does not say."""
+        try:
+            lang = json.loads(self.meta.get("recipe", "{}")).get("language")
+        except (ValueError, AttributeError):
+            return None
+        return tuple(x.strip() for x in lang.split(",") if x.strip()) if isinstance(lang, str) else None
 
     def _same_cross(self, layer: DecoderLayer, dec, i: int) -> int | None:
         """The target layer whose cross-attention K/V projections this draft layer kept (the
@@ -230,7 +244,7 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
             int(meta["vocab_size"]),
         )
     draft.load_state_dict(tensors)
-    draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe")}
+    draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe", *COST_KEYS)}
     del tensors  # the file's copies; the draft holds its own now
     draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return draft.attach(target)

@@ -25,9 +25,10 @@ from torch import nn
 
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
+from specasr.decode.gamma import SpeculationCost
 from specasr.models import mapped
 from specasr.models.convert import CT2Files, cached_conversion
-from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
+from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
 from specasr.models.presets import PRESETS, Preset
 from specasr.models.whisper import Whisper, load_whisper
@@ -75,6 +76,8 @@ class ModelPair:
     begin_suppress_tokens: tuple[int, ...]
     target_name: str
     draft_name: str | None
+    cost: SpeculationCost | None = None  # the draft's stored cost curve for the backoff γ policy
+    draft_languages: tuple[str, ...] | None = None  # a distilled draft's training languages; None: unknown
 
     @property
     def vocab_size(self) -> int:
@@ -281,8 +284,18 @@ def load_pair(
         suppress_tokens=gen.suppress_tokens,
         begin_suppress_tokens=gen.begin_suppress_tokens,
         target_name=target,
+        cost=_stored_cost(d_model),
+        draft_languages=d_model.languages if isinstance(d_model, DistilledDraft) else None,
         draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
     )
+
+
+def _stored_cost(draft) -> SpeculationCost | None:
+    """A distilled draft's measured cost curve (`cost_c`, `cost_verify` metadata), if it has one."""
+    meta = getattr(draft, "meta", {})
+    if not all(k in meta for k in COST_KEYS):
+        return None
+    return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
 
 
 def _available(preset: Preset) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,7 +92,12 @@ def _table(rows: list[dict]) -> str:
 @click.option("--limit", type=int, default=None, help="Only the first N utterances.")
 @click.option("--workers", default="1,2", show_default=True, help="Ray worker counts to run.")
 @click.option("--batch-size", type=int, default=1, show_default=True)
-@click.option("--work", type=click.Path(file_okay=False), default="ray-throughput", show_default=True)
+@click.option(
+    "--work",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the set and the outputs (default: a temporary one, removed after).",
+)
 def main(model, draft, modes, data, copies, dataset, data_dir, limit, workers, batch_size, work) -> None:
     import ray
     import torch
@@ -99,46 +105,47 @@ def main(model, draft, modes, data, copies, dataset, data_dir, limit, workers, b
     from specasr.eval.ray_runner import RayEvaluator, RayOptions, session
     from specasr.recipes import DATASETS
 
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    modes = tuple(m.strip() for m in modes.split(","))
-    assert all(m in MODES for m in modes), modes
-    options = EvalOptions(modes=modes, decode=DecodeOptions(), batch_size=batch_size, limit=limit)
-    source = _manifest(Path(data), copies, work) if dataset is None else Path(data_dir)
-    utts = select(DATASETS[dataset or "manifest"].load(source), options)
-    mode = "exact" if any(m != "autoregressive" for m in modes) else "autoregressive"
-    load = pair_loader(model, draft, mode, "cpu", None)
-    meta = {"dataset": dataset or "librivox-clips", "model": model}
+    with tempfile.TemporaryDirectory(prefix="ray-throughput-") as tmp:
+        work = Path(work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        modes = tuple(m.strip() for m in modes.split(","))
+        assert all(m in MODES for m in modes), modes
+        options = EvalOptions(modes=modes, decode=DecodeOptions(), batch_size=batch_size, limit=limit)
+        source = _manifest(Path(data), copies, work) if dataset is None else Path(data_dir)
+        utts = select(DATASETS[dataset or "manifest"].load(source), options)
+        mode = "exact" if any(m != "autoregressive" for m in modes) else "autoregressive"
+        load = pair_loader(model, draft, mode, "cpu", None)
+        meta = {"dataset": dataset or "librivox-clips", "model": model}
 
-    def fresh(name: str) -> Path:
-        out = work / name
-        shutil.rmtree(out, ignore_errors=True)
-        return out
+        def fresh(name: str) -> Path:
+            out = work / name
+            shutil.rmtree(out, ignore_errors=True)
+            return out
 
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    pair = load()
-    start = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    records = Evaluator(pair, options, fresh("single"), meta | pair_meta(pair, modes)).run(utts)
-    rows = [_row("single process", time.perf_counter() - t0, records, start)]
-    del pair
-    for n in (int(w) for w in workers.split(",")):
+        torch.set_num_threads(1)
         t0 = time.perf_counter()
-        ray.init(num_cpus=n, include_dashboard=False, logging_level=logging.WARNING)
+        pair = load()
         start = time.perf_counter() - t0
-        ray_options = RayOptions(workers=n, cpus_per_worker=1)
-        with session(ray_options):  # joins the Ray just started; checks the CPUs
+        t0 = time.perf_counter()
+        records = Evaluator(pair, options, fresh("single"), meta | pair_meta(pair, modes)).run(utts)
+        rows = [_row("single process", time.perf_counter() - t0, records, start)]
+        del pair
+        for n in (int(w) for w in workers.split(",")):
             t0 = time.perf_counter()
-            records = RayEvaluator(load, options, fresh(f"ray-{n}"), meta, ray_options).run(utts)
-            rows.append(_row(f"Ray, {n} worker(s)", time.perf_counter() - t0, records, start))
-        ray.shutdown()
-    n_audio = rows[0]["audio_s"]
-    click.echo(
-        f"{len(utts)} utterances ({n_audio:.0f} s of audio), model {model}, modes {','.join(modes)}, "
-        f"batch {batch_size}, {torch.get_num_threads()} torch thread(s) per decoder\n"
-    )
-    click.echo(_table(rows))
+            ray.init(num_cpus=n, include_dashboard=False, logging_level=logging.WARNING)
+            start = time.perf_counter() - t0
+            ray_options = RayOptions(workers=n, cpus_per_worker=1)
+            with session(ray_options):  # joins the Ray just started; checks the CPUs
+                t0 = time.perf_counter()
+                records = RayEvaluator(load, options, fresh(f"ray-{n}"), meta, ray_options).run(utts)
+                rows.append(_row(f"Ray, {n} worker(s)", time.perf_counter() - t0, records, start))
+            ray.shutdown()
+        n_audio = rows[0]["audio_s"]
+        click.echo(
+            f"{len(utts)} utterances ({n_audio:.0f} s of audio), model {model}, modes {','.join(modes)}, "
+            f"batch {batch_size}, {torch.get_num_threads()} torch thread(s) per decoder\n"
+        )
+        click.echo(_table(rows))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ class Controls:
     """The app's toggles; gradio_app.py builds one widget per field, in this order."""
 
     mode: str = _DECODE.mode  # autoregressive | baseline | exact | sigmoid
-    gamma_policy: str = _DECODE.gamma_policy  # auto | fixed | adaptive | analytic
+    gamma_policy: str = _DECODE.gamma_policy  # auto | fixed | adaptive | analytic | backoff
     gamma: int = _DECODE.gamma  # draft tokens per step: the fixed value, or the start
     draft_stop: float = _DECODE.draft_stop  # end a draft run at a proposal with q(d) below (0 = off)
     temperature: float = _DECODE.temperature  # the first temperature; fallbacks step up by 0.2

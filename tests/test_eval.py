@@ -219,6 +219,11 @@ def test_failed_utterance_is_recorded_and_the_run_goes_on(librivox, tmp_path):
     assert good["error"] is None and "young man" in good["hypothesis_norm"]
     s = json.loads((out / "summary.json").read_text())["modes"]["autoregressive"]
     assert (s["failed"], s["utterances"]) == (1, 1)
+    args = ["librispeech-clean", "--data-dir", str(tmp_path), "--model", "tiny.en"]
+    again = _eval(*args, "--modes", "autoregressive", "-o", str(out))  # the failed one is retried
+    assert again.exit_code == 1 and "1 decode(s) failed" in again.stderr
+    ids = sorted(r["id"] for r in read_results(out / RESULTS))
+    assert ids == ["1000-2000-0000", "1000-2000-0009"], ids  # its old line replaced, not repeated
 
 
 def test_rerun_with_another_configuration_is_refused(mini, all_modes):

@@ -22,6 +22,7 @@ import jiwer
 
 from specasr.eval.metric import normalize
 from specasr.options import MODES, DecodeOptions
+from specasr.writers import write_atomic
 
 RESULTS, CONFIG = "results.jsonl", "config.json"
 
@@ -229,8 +230,6 @@ class Evaluator:
                     "use another --output-dir or delete it"
                 )
         else:
-            from specasr.writers import write_atomic
-
             write_atomic(path, json.dumps(self.meta, indent=1) + "\n")
 
     def run(self, utts: Sequence) -> list[dict]:
@@ -248,11 +247,15 @@ class Evaluator:
         """The records of results.jsonl that this run keeps (decoded, of these utterances and
         modes: failed ones are retried) and their (id, mode) pairs; sets the progress counts."""
         ids = {u.id for u in utts}
-        records = [
-            r for r in read_results(self.dir / RESULTS) if r["id"] in ids and r["mode"] in self.options.modes
-        ]
-        done = {(r["id"], r["mode"]) for r in records if r["error"] is None}
-        records = [r for r in records if (r["id"], r["mode"]) in done]
+        path = self.dir / RESULTS
+        every = read_results(path)
+        mine = [r for r in every if r["id"] in ids and r["mode"] in self.options.modes]
+        done = {(r["id"], r["mode"]) for r in mine if r["error"] is None}
+        records = [r for r in mine if (r["id"], r["mode"]) in done]
+        if len(records) < len(mine):  # failed lines are retried: drop them, so no id is written twice
+            stale = {id(r) for r in mine if (r["id"], r["mode"]) not in done}
+            kept = [r for r in every if id(r) not in stale]
+            write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
         self.total, self.done, self.written = len(utts) * len(self.options.modes), len(done), 0
         return records, done
 

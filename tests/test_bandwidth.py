@@ -1,0 +1,38 @@
+"""research/bandwidth.py: the bytes it charges a decoder pass are the model's own, and the
+STREAM-like probe reports what it moved."""
+
+from __future__ import annotations
+
+import pytest
+
+from specasr.research.bandwidth import step_bytes, stream_probe
+
+
+def test_step_bytes_are_the_decoder_layers_head_and_cross_kv(tiny_en_pair):
+    model = tiny_en_pair.target
+    cfg = model.config
+    layers = model.model.decoder.layers
+    # what the pass reads of each layer: all its tensors but the cross-attention k and v
+    # projections, whose output is the window's cached K/V
+    own = sum(
+        p.numel()
+        for name, p in layers.named_parameters()
+        if not any(skip in name for skip in ("encoder_attn.k_proj", "encoder_attn.v_proj"))
+    )
+    parts = step_bytes(cfg, frames=1500)
+    assert parts["decoder layers"] == 4 * own
+    assert parts["output projection"] == 4 * model.proj_out.weight.numel()
+    assert parts["cross-attention K/V"] == 4 * cfg.decoder_layers * 2 * 1500 * cfg.d_model
+
+
+def test_stream_probe_counts_each_kernel_s_bytes(monkeypatch):
+    probes = {p.name: p for p in stream_probe(mb=8, repeats=3)}
+    assert set(probes) == {"copy", "scale", "add", "triad", "read"}
+    assert all(0 < p.median_gbs <= p.best_gbs for p in probes.values())
+    # a clock that advances 1 s per call: every kernel then moves its STREAM byte count in 1 s
+    ticks = iter(range(10**6))
+    monkeypatch.setattr("specasr.research.bandwidth.time.perf_counter", lambda: next(ticks))
+    n = int(8e6) // 4
+    moved = {p.name: p.best_gbs * 1e9 for p in stream_probe(mb=8, repeats=3)}
+    want = {"copy": 8 * n, "scale": 8 * n, "add": 12 * n, "triad": 12 * n, "read": 4 * n}
+    assert moved == pytest.approx(want)

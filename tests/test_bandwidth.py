@@ -14,9 +14,9 @@ def test_step_bytes_are_the_decoder_layers_head_and_cross_kv(tiny_en_pair):
     layers = model.model.decoder.layers
     # what the pass reads of each layer: all its tensors but the cross-attention k and v
     # projections, whose output is the window's cached K/V
-    own = sum(
-        p.numel()
-        for name, p in layers.named_parameters()
+    own = sum(  # state_dict: a packed matrix (`PackedLinear`) saves its dense weight
+        t.numel()
+        for name, t in layers.state_dict().items()
         if not any(skip in name for skip in ("encoder_attn.k_proj", "encoder_attn.v_proj"))
     )
     parts = step_bytes(cfg, frames=1500)

@@ -11,6 +11,7 @@ import torch
 from hf_oracle import hf_config, hf_twin
 from tiny_pairs import random_tiny_pair
 
+from specasr.cpu.linear import PackedLinear, packed_available
 from specasr.decode.loop import decode
 from specasr.models.convert import cached_conversion
 from specasr.models.loading import load_pair, offline_files
@@ -92,9 +93,14 @@ def test_transposed_cache_holds_the_same_weights():
     assert side and all(torch.equal(wt.t(), main[k]) for k, wt in side.items())
     assert not any("embed_tokens" in k or k.startswith("model.encoder.") for k in side)
     model = load_whisper(directory, torch.float32, torch.device("cpu"))
-    layer = model.model.decoder.layers[0].self_attn.q_proj.weight
-    assert layer.t().is_contiguous()  # the model holds Wᵀ's view: no second copy to build
-    assert torch.equal(layer, main["model.decoder.layers.0.self_attn.q_proj.weight"])
+    layer = model.model.decoder.layers[0]
+    cross_k = layer.encoder_attn.k_proj  # runs once per window, over 1500 frames: a plain Linear
+    assert type(cross_k) is torch.nn.Linear
+    assert torch.equal(cross_k.weight, main["model.decoder.layers.0.encoder_attn.k_proj.weight"])
+    q = layer.self_attn.q_proj  # the step's matrices: packed once, the dense copy freed
+    if packed_available():
+        assert isinstance(q, PackedLinear) and not list(q.parameters())[1:]  # a bias, no weight
+    assert torch.equal(q.weight, main["model.decoder.layers.0.self_attn.q_proj.weight"])
 
 
 @pytest.mark.slow  # real weights

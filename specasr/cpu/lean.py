@@ -28,9 +28,15 @@ import torch
 from torch import Tensor, nn
 
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.linear import MANY_ROWS, TransposedLinear, head_form, shared_form
+from specasr.cpu.linear import MANY_ROWS, PackedLinear, TransposedLinear, head_form, shared_form
 from specasr.cpu.scripted import fp32_args, scripted
 from specasr.models.layers import DecoderLayer, embed
+
+
+def _form(linear: nn.Module) -> nn.Module:
+    """A layer matrix's product form: the model's own when the loader packed it
+    (`PackedLinear`), else a contiguous Wᵀ sharing the Linear's storage."""
+    return linear if isinstance(linear, PackedLinear) else shared_form(TransposedLinear, linear)
 
 
 class LeanDecoder:
@@ -56,10 +62,9 @@ class LeanDecoder:
                     if name == "encoder_attn" and proj in ("k_proj", "v_proj"):
                         box.add_module(proj, linear)  # only ever 1500 rows (cross K/V): plain F.linear
                     else:
-                        box.add_module(proj, shared_form(TransposedLinear, linear))
+                        box.add_module(proj, _form(linear))
                 setattr(layer, name, box)
-            layer.fc1 = shared_form(TransposedLinear, hf.fc1)
-            layer.fc2 = shared_form(TransposedLinear, hf.fc2)
+            layer.fc1, layer.fc2 = _form(hf.fc1), _form(hf.fc2)
             if step is not None:
                 layer.use_script(step, fp32_args(layer), max_rows=MANY_ROWS)  # F.linear above
             self.layers.append(layer)

@@ -47,6 +47,11 @@ class TransposedLinear(nn.Module):
     def of(cls, linear: nn.Linear) -> TransposedLinear:
         return cls(linear.weight, linear.bias)
 
+    @property
+    def step_weight(self) -> Tensor:
+        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: Wᵀ [in, out]."""
+        return self.wt
+
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [rows, in]
         if flat.shape[0] > MANY_ROWS:
@@ -71,6 +76,52 @@ def _onednn_pack(weight: Tensor) -> Tensor | None:
     except (AttributeError, RuntimeError):
         return None
     return packed if probe.shape == (2, weight.shape[0]) else None
+
+
+class PackedLinear(nn.Module):
+    """y = x Wᵀ + b with W held only as oneDNN's packed copy, for any row count (CPU, fp32).
+    x: [..., in] -> [..., out].
+
+    A decoder layer's matrices in this form replace the model's own Linear modules
+    (`specasr.models.whisper.pack_decoder`), so the dense matrix is freed and every path
+    (the lean loop, the scripted layer step, the model's eager layers) runs the packed
+    product. oneDNN reads the blocked weight once per call whatever the row count, where
+    BLAS repacks a plain matrix on every call with 2+ rows; measured against the
+    contiguous-Wᵀ form in one process, a whole target pass was faster at every k from 1 to 8
+    (docs/benchmarks.md, "Memory bandwidth of a decoder pass"). `weight` is a fresh dense
+    copy, for inspection and `state_dict`; it is not what the products read."""
+
+    def __init__(self, packed: Tensor, bias: Tensor | None, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.packed = packed  # oneDNN's blocked [out, in]
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)  # [out]
+        self.in_features, self.out_features = in_features, out_features
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> PackedLinear | None:
+        """The packed form of `linear`, or None where this torch build has no oneDNN linear."""
+        packed = _onednn_pack(linear.weight)
+        if packed is None:
+            return None
+        return cls(packed, linear.bias, linear.in_features, linear.out_features)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.packed.to_dense()  # [out, in]
+
+    @property
+    def step_weight(self) -> Tensor:
+        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: the packed weight."""
+        return self.packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, in]
+        y = _onednn_mm(flat, self.packed, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        destination[prefix + "weight"] = self.weight
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
 
 class WideLinear(TransposedLinear):
@@ -174,6 +225,12 @@ def shared_form(cls: type[TransposedLinear], linear: nn.Linear) -> TransposedLin
         if linear.weight.device.type == "cpu":
             linear.weight.data = form.weight
     return form
+
+
+@functools.cache
+def packed_available() -> bool:
+    """Whether this build has oneDNN's packed fp32 linear (`PackedLinear`, `PackedHead`)."""
+    return _onednn_pack(torch.ones(2, 2)) is not None
 
 
 @functools.cache

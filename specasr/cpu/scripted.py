@@ -28,18 +28,23 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Optional
+from typing import List, Optional, Union  # noqa: UP035 (TorchScript)
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
-def _lin(x: Tensor, wt: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (TorchScript)
-    """x [rows, in] · Wᵀ [in, out] (+ b) -> [rows, out], as `specasr.cpu.linear.TransposedLinear`."""
+def _lin(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (TorchScript)
+    """x [rows, in] -> [rows, out]: through oneDNN when w is a packed weight
+    (`specasr.cpu.linear.PackedLinear`), else x · Wᵀ with w = Wᵀ [in, out] contiguous
+    (`specasr.cpu.linear.TransposedLinear`); + b."""
+    if w.is_mkldnn:
+        scalars = torch.jit.annotate(List[Optional[Union[int, float, complex]]], [])  # noqa: UP006, UP007, UP045
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", scalars, "")
     if b is None:
-        return x @ wt
-    return torch.addmm(b, x, wt)
+        return x @ w
+    return torch.addmm(b, x, w)
 
 
 def _q8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> Tensor:
@@ -94,7 +99,7 @@ def fp32_layer_step(
     x: Tensor,  # [B, T, d] at positions start … start+T-1, B·T ≤ MANY_ROWS
     ln1_w: Tensor,
     ln1_b: Tensor,
-    wq: Tensor,  # every w: Wᵀ [in, out], contiguous; every b: [out] or None
+    wq: Tensor,  # every w: oneDNN-packed, or Wᵀ [in, out] contiguous; every b: [out] or None
     bq: Optional[Tensor],  # noqa: UP045
     wk: Tensor,
     bk: Optional[Tensor],  # noqa: UP045
@@ -208,23 +213,24 @@ def int8_args(layer) -> tuple:
 
 
 def fp32_args(layer) -> tuple:
-    """A `LeanDecoder` layer's norms and `TransposedLinear` Wᵀ/biases, in `fp32_layer_step` order."""
+    """A `LeanDecoder` layer's norms and product weights (`PackedLinear` or `TransposedLinear`
+    `step_weight`) and biases, in `fp32_layer_step` order."""
     a, c = layer.self_attn, layer.encoder_attn
     lins = (a.q_proj, a.k_proj, a.v_proj, a.out_proj)
     return (
         layer.self_attn_layer_norm.weight,
         layer.self_attn_layer_norm.bias,
-        *(t for lin in lins for t in (lin.wt, lin.bias)),
+        *(t for lin in lins for t in (lin.step_weight, lin.bias)),
         layer.encoder_attn_layer_norm.weight,
         layer.encoder_attn_layer_norm.bias,
-        c.q_proj.wt,
+        c.q_proj.step_weight,
         c.q_proj.bias,
-        c.out_proj.wt,
+        c.out_proj.step_weight,
         c.out_proj.bias,
         layer.final_layer_norm.weight,
         layer.final_layer_norm.bias,
-        layer.fc1.wt,
+        layer.fc1.step_weight,
         layer.fc1.bias,
-        layer.fc2.wt,
+        layer.fc2.step_weight,
         layer.fc2.bias,
     )

@@ -379,9 +379,13 @@ def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device
     dims = WhisperDims.from_file(d / "config.json")
     generation = Generation.from_file(d / "generation_config.json")
     side, main = d / TRANSPOSED_FILE, d / "model.safetensors"
-    if not (device.type == "cpu" and dtype == torch.float32 and side.is_file() and main.is_file()):
+    cpu32 = device.type == "cpu" and dtype == torch.float32
+    if not (cpu32 and side.is_file() and main.is_file()):
         tensors = tensors_from_checkpoint(d, dtype if device.type == "cpu" else None)
-        return from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+        model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+        if cpu32:
+            pack_decoder(model)
+        return model
     where = mapped.span(main, EMBED)
     mapped_embed = where is not None and where.dtype == torch.float32
     skip = {EMBED} if mapped_embed else set()
@@ -399,4 +403,26 @@ def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device
         head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
         if head is not None:
             model.use_head_form(head)
+    del tensors  # the decoder's Wᵀ storage goes once its matrices are packed
+    pack_decoder(model)
+    return model
+
+
+def pack_decoder(model: Whisper) -> Whisper:
+    """Replaces the decoder layers' Linear modules by `specasr.cpu.linear.PackedLinear`
+    (CPU, fp32; nothing where oneDNN is missing): the dense matrices are freed, and every
+    decoder path runs oneDNN's packed products. The cross-attention K/V projections stay
+    plain Linear: they run once per window over 1500 frames."""
+    from specasr.cpu.linear import PackedLinear
+
+    for layer in model.model.decoder.layers:
+        for box, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "out_proj")),
+            (layer.encoder_attn, ("q_proj", "out_proj")),
+            (layer, ("fc1", "fc2")),
+        ):
+            for name in names:
+                linear = getattr(box, name)
+                if isinstance(linear, nn.Linear) and (packed := PackedLinear.of(linear)) is not None:
+                    setattr(box, name, packed)
     return model

@@ -82,7 +82,7 @@ def test_backoff_starts_target_only_in_a_language_the_draft_never_saw(shipped, l
     """The CPU default γ policy (`BackoffGamma`): the draft's recipe says English, so a
     French decode starts target-only and probes later; an English one never backs off
     here. Tokens equal autoregressive decoding either way."""
-    pair = replace(shipped, draft_languages=shipped.draft.languages)
+    pair = shipped  # built with replace(base_pair, draft=…): the languages follow the draft
     assert pair.draft_languages == ("en",)
     mel = librivox_mels[librivox[0].id]
     for lang in ("fr", "en"):

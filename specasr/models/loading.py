@@ -76,12 +76,24 @@ class ModelPair:
     begin_suppress_tokens: tuple[int, ...]
     target_name: str
     draft_name: str | None
-    cost: SpeculationCost | None = None  # the draft's stored cost curve for the backoff γ policy
-    draft_languages: tuple[str, ...] | None = None  # a distilled draft's training languages; None: unknown
 
     @property
     def vocab_size(self) -> int:
         return self.target.config.vocab_size
+
+    @property
+    def cost(self) -> SpeculationCost | None:
+        """The draft's stored cost curve for the backoff γ policy (`cost_c`, `cost_verify`
+        metadata of a distilled draft), or None."""
+        meta = getattr(self.draft, "meta", {})
+        if not all(k in meta for k in COST_KEYS):
+            return None
+        return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
+
+    @property
+    def draft_languages(self) -> tuple[str, ...] | None:
+        """A distilled draft's training languages; None: unknown (any other draft)."""
+        return self.draft.languages if isinstance(self.draft, DistilledDraft) else None
 
     def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """mel: [B, n_mels, 3000] -> (target states [B, 1500, d_target],
@@ -284,18 +296,8 @@ def load_pair(
         suppress_tokens=gen.suppress_tokens,
         begin_suppress_tokens=gen.begin_suppress_tokens,
         target_name=target,
-        cost=_stored_cost(d_model),
-        draft_languages=d_model.languages if isinstance(d_model, DistilledDraft) else None,
         draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
     )
-
-
-def _stored_cost(draft) -> SpeculationCost | None:
-    """A distilled draft's measured cost curve (`cost_c`, `cost_verify` metadata), if it has one."""
-    meta = getattr(draft, "meta", {})
-    if not all(k in meta for k in COST_KEYS):
-        return None
-    return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
 
 
 def _available(preset: Preset) -> bool:

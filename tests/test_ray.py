@@ -151,6 +151,24 @@ def test_ray_without_ray_installed_says_how_to_install(mini, tmp_path, monkeypat
     assert result.exit_code == 2 and "pip install 'specasr[ray]'" in result.output
 
 
+@pytest.mark.parametrize(
+    ("argv", "address", "inputs"),
+    [
+        (["--ray", "a.wav", "b.wav"], "local", ("a.wav", "b.wav")),  # an input, not an address
+        (["a.wav", "--ray"], "local", ("a.wav",)),
+        (["--ray", "auto", "a.wav"], "auto", ("a.wav",)),
+        (["--ray", "head.example:6379", "a.wav"], "head.example:6379", ("a.wav",)),
+        (["--ray", "ray://10.0.0.1:10001", "a.wav"], "ray://10.0.0.1:10001", ("a.wav",)),
+        (["a.wav", "--", "--ray"], None, ("a.wav", "--ray")),
+    ],
+)
+def test_a_bare_ray_before_an_input_means_a_local_ray(argv, address, inputs):
+    from specasr.cli.transcribe import transcribe
+
+    ctx = transcribe.make_context("transcribe", ["-o", "out", *argv])
+    assert ctx.params["ray_address"] == address and ctx.params["inputs"] == inputs
+
+
 @pytest.mark.slow
 def test_ray_transcribe_writes_what_a_local_run_writes(local_ray, librivox, tmp_path):
     inputs = tmp_path / "in"

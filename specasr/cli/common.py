@@ -264,6 +264,26 @@ gamma_options = _stack(
     ),
 )
 
+_RAY_ADDRESS = re.compile(r"^(local|auto|[a-z]+://\S+|[\w.\-\[\]]+:\d+)$")
+
+
+class RayCommand(click.Command):
+    """A command with `ray_options`: a bare `--ray` followed by something that is not a Ray
+    address (local, auto, ray://…, HOST:PORT) means `--ray local`, so `transcribe --ray
+    a.wav` transcribes a.wav on a local Ray instead of taking a.wav for the address."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = list(args)
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            if arg == "--ray" and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                if not _RAY_ADDRESS.match(args[i + 1]):
+                    args.insert(i + 1, "local")
+                break
+        return super().parse_args(ctx, args)
+
+
 ray_options = _stack(
     click.option(
         "--ray",

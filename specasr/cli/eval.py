@@ -13,6 +13,7 @@ import click
 
 from specasr.cli.common import (
     DEFAULTS,
+    RayCommand,
     gamma_options,
     load_models,
     model_options,
@@ -77,7 +78,7 @@ def _interrupted(output_dir: str, evaluator) -> NoReturn:
     sys.exit(130)
 
 
-@click.command(name="eval")
+@click.command(name="eval", cls=RayCommand)
 @click.argument("name")
 @click.argument("merge_dirs", nargs=-1)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="The dataset's directory.")

@@ -26,6 +26,7 @@ import click
 
 from specasr.cli.common import (
     DEFAULTS,
+    RayCommand,
     check_device,
     check_loaded,
     check_model_options,
@@ -88,7 +89,7 @@ def _output_stems(files: list[str]) -> list[str]:
     ]
 
 
-@click.command()
+@click.command(cls=RayCommand)
 @click.argument("inputs", nargs=-1, required=True)
 @model_options
 @gamma_options

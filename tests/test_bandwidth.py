@@ -25,6 +25,23 @@ def test_step_bytes_are_the_decoder_layers_head_and_cross_kv(tiny_en_pair):
     assert parts["cross-attention K/V"] == 4 * cfg.decoder_layers * 2 * 1500 * cfg.d_model
 
 
+def test_int8_step_bytes_count_a_byte_per_weight_and_a_scale_per_row(tiny_en_pair):
+    model = tiny_en_pair.target
+    cfg = model.config
+    state = {
+        name: t
+        for name, t in model.model.decoder.layers.state_dict().items()
+        if not any(skip in name for skip in ("encoder_attn.k_proj", "encoder_attn.v_proj"))
+    }
+    matrices = [t for t in state.values() if t.dim() == 2]
+    vectors = [t for t in state.values() if t.dim() == 1]
+    want = sum(t.numel() + 4 * t.shape[0] for t in matrices) + 4 * sum(t.numel() for t in vectors)
+    parts = step_bytes(cfg, frames=1500, matrix_element=1)
+    assert parts["decoder layers"] == want
+    assert parts["output projection"] == cfg.vocab_size * (cfg.d_model + 4)
+    assert parts["cross-attention K/V"] == step_bytes(cfg, frames=1500)["cross-attention K/V"]
+
+
 def test_stream_probe_counts_each_kernel_s_bytes(monkeypatch):
     probes = {p.name: p for p in stream_probe(mb=8, repeats=3)}
     assert set(probes) == {"copy", "scale", "add", "triad", "read"}

@@ -45,7 +45,7 @@ def tiny_models(monkeypatch, tiny_pair):
     """`specasr eval` decodes with a tiny random pair; returns the list of load calls."""
     calls = []
 
-    def load(model, draft, mode, device, dtype):
+    def load(model, draft, mode, device, dtype, compute_type="float32"):
         calls.append(model)
         return tiny_pair
 

@@ -14,7 +14,7 @@ import tempfile
 import click
 
 from specasr.apps.service import AppOptions
-from specasr.cli.common import load_models, model_options
+from specasr.cli.common import check_compute_type, load_models, model_options
 
 _APP = AppOptions()
 TEMP_PREFIX = "specasr-app-"  # + owner pid + "-": the app's private GRADIO_TEMP_DIR
@@ -103,8 +103,11 @@ def _stop_on_signals(temp_dir: str | None):
     show_default=True,
     help="Requests decoded at once (the others wait in the queue).",
 )
-def app(model, draft, device, dtype, host, port, share, max_seconds, max_upload_mb, concurrency):
+def app(
+    model, draft, device, dtype, compute_type, host, port, share, max_seconds, max_upload_mb, concurrency
+):
     """Launch the Gradio app: microphone or upload, mode toggles, a live speed comparison."""
+    check_compute_type(compute_type, "exact")  # the app offers the speculative modes
     try:
         options = AppOptions(
             max_seconds=max_seconds, max_upload_mb=max_upload_mb, concurrency_limit=concurrency
@@ -120,5 +123,5 @@ def app(model, draft, device, dtype, host, port, share, max_seconds, max_upload_
         click.echo(f"error: the app needs gradio ({e}): pip install 'specasr[app]'", err=True)
         sys.exit(1)
     with _stop_on_signals(temp_dir):
-        pair = load_models(model, draft, "exact", device, dtype)
+        pair = load_models(model, draft, "exact", device, dtype, compute_type)
         launch(build_app(pair, options), options, host=host, port=port, share=share)

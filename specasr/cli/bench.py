@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import click
 
-from specasr.cli.common import DEFAULTS, gamma_options, load_models, model_options
+from specasr.cli.common import DEFAULTS, check_compute_type, gamma_options, load_models, model_options
 from specasr.constants import VERIFY_MODES
 
 
@@ -50,6 +50,7 @@ def bench(
     mels,
     device,
     dtype,
+    compute_type,
     dump_logits,
 ):
     """Speculative vs autoregressive decoding on FILES (default: the bundled example), interleaved."""
@@ -59,7 +60,8 @@ def bench(
 
     from specasr.research.bench import file_mels, logit_pairs, run_bench
 
-    pair = load_models(model, draft, modes[0], device, dtype)
+    check_compute_type(compute_type, modes)
+    pair = load_models(model, draft, modes[0], device, dtype, compute_type)
     if mels:
         windows = [m.to(pair.device) for m in torch.load(mels)]
     else:
@@ -81,6 +83,7 @@ def bench(
         report = run_bench(pair, windows, options, repeats=repeats)
         click.echo(
             f"\nmodel {model}, draft {pair.draft_name}, mode {mode}, γ {gamma} ({gamma_policy}), "
-            f"T {temperature}, device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}"
+            f"T {temperature}, device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}, "
+            f"compute type {pair.compute_type}"
         )
         click.echo(report.table())

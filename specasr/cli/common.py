@@ -124,6 +124,18 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
             )
 
 
+def check_compute_type(compute_type: str, modes) -> None:
+    """A usage error (exit 2) for --compute-type int8 with a speculative mode: an int8
+    target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`)."""
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if compute_type == "int8" and (spec := [m for m in modes if m != "autoregressive"]):
+        raise click.UsageError(
+            f"--compute-type int8 decodes with --mode autoregressive only, not {', '.join(spec)}: "
+            "a k-token verify pass is not bitwise the int8 target's one-token step. Use "
+            "--compute-type float32 (or auto) for speculative modes"
+        )
+
+
 def check_loaded(pair, mode: str, language: str | None, task: str) -> None:
     """The checks of `check_model_options` again against the loaded model (exit 2 once,
     not an error per file), for what could not be told before loading."""
@@ -162,21 +174,36 @@ def prepare_output_dir(output_dir: str) -> None:
         ) from e
 
 
-def load_models(model: str, draft: str | None, mode: str, device: str | None, dtype: str | None):
-    """The ModelPair for `--model/--draft/--device/--dtype`; no draft for target-only decoding.
+def load_models(
+    model: str,
+    draft: str | None,
+    mode: str,
+    device: str | None,
+    dtype: str | None,
+    compute_type: str = "float32",
+):
+    """The ModelPair for `--model/--draft/--device/--dtype/--compute-type`; no draft for
+    target-only decoding.
     A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
     is reported on stderr and exits with status 1."""
     check_device(device)
     try:
-        return pair_loader(model, draft, mode, device, dtype)()
+        return pair_loader(model, draft, mode, device, dtype, compute_type)()
     except (ValueError, FileNotFoundError, OSError) as e:
         click.echo(f"error: cannot load model: {e}", err=True)
         sys.exit(1)
 
 
-def pair_loader(model: str, draft: str | None, mode: str, device: str | None, dtype: str | None):
-    """`load_pair` bound to `--model/--draft/--device/--dtype` (no draft for target-only
-    decoding), uncalled: Ray actors call it where they run."""
+def pair_loader(
+    model: str,
+    draft: str | None,
+    mode: str,
+    device: str | None,
+    dtype: str | None,
+    compute_type: str = "float32",
+):
+    """`load_pair` bound to `--model/--draft/--device/--dtype/--compute-type` (no draft for
+    target-only decoding), uncalled: Ray actors call it where they run."""
     from functools import partial
 
     import torch
@@ -185,7 +212,7 @@ def pair_loader(model: str, draft: str | None, mode: str, device: str | None, dt
 
     torch_dtype = {None: None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     want_draft = None if mode == "autoregressive" and draft in (None, "default") else (draft or "default")
-    return partial(load_pair, model, want_draft, device=device, dtype=torch_dtype)
+    return partial(load_pair, model, want_draft, device=device, dtype=torch_dtype, compute_type=compute_type)
 
 
 def ray_settings(address: str | None, workers: int | None, cpus: float | None, gpus: float | None):
@@ -241,6 +268,14 @@ model_options = _stack(
         type=click.Choice(["fp32", "fp16", "bf16"]),
         default=None,
         help="Model dtype (default: fp32 on CPU, fp16 on CUDA).",
+    ),
+    click.option(
+        "--compute-type",
+        type=click.Choice(["auto", "float32", "int8"]),
+        default="float32",
+        show_default=True,
+        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own (exact "
+        "mode stays exact against it); auto: int8 on AVX2/AVX-512 CPUs with fbgemm, else float32.",
     ),
 )
 

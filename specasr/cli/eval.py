@@ -14,6 +14,7 @@ import click
 from specasr.cli.common import (
     DEFAULTS,
     RayCommand,
+    check_compute_type,
     gamma_options,
     load_models,
     model_options,
@@ -129,8 +130,8 @@ def _interrupted(output_dir: str, evaluator) -> NoReturn:
 @click.option("--split", default=None, help="datasets: the split, where there are several [test].")
 def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, temperature, gamma,
           gamma_policy, draft_stop, max_new_tokens, paper, limit, fraction, seed, batch_size, output_dir,
-          shard, device, dtype, ray_address, workers, cpus_per_worker, gpus_per_worker, audio_column,
-          text_column, split):  # fmt: skip
+          shard, device, dtype, compute_type, ray_address, workers, cpus_per_worker, gpus_per_worker,
+          audio_column, text_column, split):  # fmt: skip
     """WER and speculative-decoding metrics of dataset NAME, per mode.
 
     NAME: librispeech-clean, librispeech-other, tedlium3, cv16-en, manifest (--data-dir is
@@ -211,6 +212,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
         options = paper_options(options) if paper else options
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    check_compute_type(compute_type, options.modes)
     if download:
         if recipe.download is None:
             raise click.UsageError(f"{name} has no download; give --data-dir")
@@ -244,11 +246,11 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
     evaluator = None
     try:
         if ray is None:
-            pair = load_models(model, draft, mode, device, dtype)
+            pair = load_models(model, draft, mode, device, dtype, compute_type)
             meta = {"dataset": name, "model": model} | pair_meta(pair, options.modes)
             evaluator = Evaluator(pair, options, output_dir, meta)
         else:  # the actors load the models
-            load = pair_loader(model, draft, mode, device or ray.device, dtype)
+            load = pair_loader(model, draft, mode, device or ray.device, dtype, compute_type)
             evaluator = RayEvaluator(load, options, output_dir, {"dataset": name, "model": model}, ray)
         where = "" if ray is None else f" on Ray ({ray.workers} worker(s))"
         click.echo(

@@ -27,6 +27,7 @@ import click
 from specasr.cli.common import (
     DEFAULTS,
     RayCommand,
+    check_compute_type,
     check_device,
     check_loaded,
     check_model_options,
@@ -205,6 +206,7 @@ def transcribe(
     output_dir,
     device,
     dtype,
+    compute_type,
     batch_size,
     strategy,
     vad,
@@ -275,13 +277,14 @@ def transcribe(
     if ray is not None and output_dir is None:
         raise click.UsageError("--ray writes files: give --output-dir")
     check_model_options(model, draft, mode, decode.language, task)
+    check_compute_type(compute_type, mode)
     if output_dir is not None:
         prepare_output_dir(output_dir)
     if ray is None:
         check_device(device)  # imports torch for cuda/mps/xpu, so after the cheap checks
     batch = None
     try:
-        pair = load_models(model, draft, mode, device, dtype) if ray is None else None
+        pair = load_models(model, draft, mode, device, dtype, compute_type) if ray is None else None
         for item in unmatched:
             click.echo(f"error: {item}: no such file, or no audio files match", err=True)
         batch = _Batch(
@@ -295,7 +298,9 @@ def transcribe(
         else:  # Ray actors load the models and write the outputs (cli/transcribe_ray.py)
             from specasr.cli.transcribe_ray import run_on_ray
 
-            run_on_ray(batch, files, pair_loader(model, draft, mode, device or ray.device, dtype), ray)
+            run_on_ray(
+                batch, files, pair_loader(model, draft, mode, device or ray.device, dtype, compute_type), ray
+            )
     except KeyboardInterrupt:
         if batch is None:
             click.echo("interrupted before any file was transcribed", err=True)

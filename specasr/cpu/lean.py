@@ -22,33 +22,37 @@ scatters each row's keys and values to its own positions and masks per row [B, 1
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import torch
 from torch import Tensor, nn
 
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.linear import MANY_ROWS, PackedLinear, TransposedLinear, head_form, shared_form
-from specasr.cpu.scripted import fp32_args, scripted
+from specasr.cpu.linear import MANY_ROWS, Int8Linear, PackedLinear, TransposedLinear, head_form, shared_form
+from specasr.cpu.scripted import fp32_args, int8_args, scripted
 from specasr.models.layers import DecoderLayer, embed
 
 
 def _form(linear: nn.Module) -> nn.Module:
-    """A layer matrix's product form: the model's own when the loader packed it
-    (`PackedLinear`), else a contiguous Wᵀ sharing the Linear's storage."""
-    return linear if isinstance(linear, PackedLinear) else shared_form(TransposedLinear, linear)
+    """A layer matrix's product form: the model's own when the loader packed or quantised it
+    (`PackedLinear`, `Int8Linear`), else a contiguous Wᵀ sharing the Linear's storage."""
+    return linear if isinstance(linear, (PackedLinear, Int8Linear)) else shared_form(TransposedLinear, linear)
 
 
 class LeanDecoder:
-    """A Hugging Face Whisper decoder as plain layers with `specasr.cpu.linear` products (CPU, fp32)."""
+    """A Whisper decoder as plain layers with `specasr.cpu.linear` products (CPU, fp32
+    activations; fp32 or, for an int8 target, per-row int8 weights)."""
 
     def __init__(self, model, script: bool = True) -> None:
-        """script: passes of up to MANY_ROWS rows run each layer as one TorchScript function
-        (`specasr.cpu.scripted.fp32_layer_step`), the same maths without Python between the ops."""
+        """script: passes of up to MANY_ROWS rows (an int8 target: any number) run each layer
+        as one TorchScript function (`specasr.cpu.scripted.fp32_layer_step` or
+        `int8_layer_step`), the same maths without Python between the ops."""
         cfg, dec = model.config, model.model.decoder
         self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
         self.layers = nn.ModuleList()
-        step = scripted("fp32") if script else None
+        int8 = isinstance(dec.layers[0].fc1, Int8Linear)  # `models.whisper.quantize_decoder`
+        step = scripted("int8" if int8 else "fp32") if script else None
         for hf in dec.layers:
             layer = DecoderLayer.__new__(DecoderLayer)  # no fresh weights: every part is the model's
             nn.Module.__init__(layer)
@@ -57,15 +61,19 @@ class LeanDecoder:
                 setattr(layer, name, getattr(hf, name))
             for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own
                 box = nn.Module()
-                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    linear = getattr(getattr(hf, name), proj)
+                for proj in ("qkv_proj", "q_proj", "k_proj", "v_proj", "out_proj"):
+                    linear = getattr(getattr(hf, name), proj, None)
+                    if linear is None:  # fused q, k, v (int8) or not
+                        continue
                     if name == "encoder_attn" and proj in ("k_proj", "v_proj"):
                         box.add_module(proj, linear)  # only ever 1500 rows (cross K/V): plain F.linear
                     else:
                         box.add_module(proj, _form(linear))
                 setattr(layer, name, box)
             layer.fc1, layer.fc2 = _form(hf.fc1), _form(hf.fc2)
-            if step is not None:
+            if step is not None and int8:
+                layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count
+            elif step is not None:
                 layer.use_script(step, fp32_args(layer), max_rows=MANY_ROWS)  # F.linear above
             self.layers.append(layer)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]

@@ -12,9 +12,18 @@ there. All compute the same fp32 products up to summation order: the target stay
 target.
 
 `Int8Linear` is lossy: int8 weights with per-output-channel scales, and activations
-quantised per call (fbgemm's dynamic linear). It is for drafts only, where precision moves
-the acceptance rate but never the output, and a quarter of the bytes to read makes a
-memory-bound product cheaper.
+quantised by fbgemm's dynamic linear. A quarter of the bytes to read makes a memory-bound
+product cheaper. Two kinds:
+- per call (drafts): one activation scale for the whole [rows, in] input, so a row's result
+  depends on the rows beside it; precision moves a draft's acceptance rate, never the output;
+- per row (an int8 target, `compute_type="int8"`): each row is scaled to [-1, 1] before
+  fbgemm quantises the block, and an anchor row pins fbgemm's range to exactly [-1, 1], so
+  every row is quantised on its own fixed grid and its integer product is exact: a row's
+  result is bitwise the same whatever rows share the call. A k-token verify pass therefore
+  scores each position exactly as k one-token steps would, which is what keeps exact mode's
+  T = 0 promise relative to the int8 target. Weights take 7 bits (±63) so that full 8-bit
+  activations cannot saturate the 16-bit pair sums of AVX2's u8·s8 product (fbgemm's
+  `reduce_range` would instead halve the activations' grid).
 
 No timings are quoted here: they belong to one machine and go stale as the code changes.
 The measurements behind these choices are in docs/benchmarks.md ("Component timings behind
@@ -203,8 +212,9 @@ class HalfStoredLinear(nn.Module):
 
 def head_form(proj: nn.Module) -> nn.Module:
     """The CPU decoder's form of a model's output projection: the projection itself when the
-    loader already packed it (`PackedHead`), else the model's Linear as a shared `WideLinear`."""
-    return proj if isinstance(proj, PackedHead) else shared_form(WideLinear, proj)
+    loader already packed or quantised it (`PackedHead`, `Int8Head`), else the model's Linear
+    as a shared `WideLinear`."""
+    return proj if isinstance(proj, (PackedHead, Int8Head)) else shared_form(WideLinear, proj)
 
 
 _FORMS: dict[type, weakref.WeakKeyDictionary] = {}  # form class -> {nn.Linear: form}
@@ -244,32 +254,96 @@ def int8_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-class Int8Linear(nn.Module):
-    """Lossy y ≈ x Wᵀ + b: W as int8 with one scale per output row, x quantised per call.
-    For drafts only. x: [..., in] float32 -> [..., out] float32."""
+def _quantize_rows(weight: Tensor, levels: int) -> tuple[Tensor, Tensor]:
+    """W [out, in] -> (int8 [out, in] in -levels … levels, fp64 scales [out]): one scale per
+    output row, W ≈ q · scale."""
+    w = weight.detach().float().cpu()
+    scale = (w.abs().amax(dim=1) / levels).clamp_min(1e-12).double()  # [out]
+    q = torch.round(w / scale[:, None]).clamp_(-levels, levels).to(torch.int8)
+    return q, scale
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+
+def _prepack(q: Tensor, scale: Tensor, bias: Tensor | None):
+    """fbgemm's packed form of the per-channel int8 weight q · scale (+ bias)."""
+    zero = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensors are deprecated; int8_available() gates their removal
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
+    return torch.ops.quantized.linear_prepack(qw, bias)
+
+
+class Int8Linear(nn.Module):
+    """Lossy y ≈ x Wᵀ + b: W as int8 with one scale per output row. x: [..., in] float32 ->
+    [..., out] float32. per_row False (drafts): x quantised per call; True (an int8 target):
+    x quantised per row, batch-independent (see the module docstring)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, per_row: bool = False) -> None:
         super().__init__()
-        w = weight.detach().float().cpu()  # [out, in]
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [out] per-row scales
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with (
-            warnings.catch_warnings()
-        ):  # quantized tensors are deprecated; int8_available() gates their removal
-            warnings.simplefilter("ignore", UserWarning)
-            qw = torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
+        levels = 63 if per_row else 127  # per row: 7-bit weights, full-range activations
         b = None if bias is None else bias.detach().float().cpu()
-        self.packed = torch.ops.quantized.linear_prepack(qw, b)
-        self.out_features = w.shape[0]
+        # per row, the bias is added after the row's scale is restored
+        self.packed = _prepack(*_quantize_rows(weight, levels), None if per_row else b)
+        self.bias = b if per_row else None  # [out]
+        self.per_row = per_row
+        self.out_features = weight.shape[0]
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> Int8Linear:
+    def of(cls, linear: nn.Module) -> Int8Linear:
         return cls(linear.weight, linear.bias)
+
+    @classmethod
+    def per_row_of(cls, linear: nn.Module) -> Int8Linear:
+        return cls(linear.weight, linear.bias, per_row=True)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
-        y = torch.ops.quantized.linear_dynamic(flat, self.packed, True)  # reduce_range for x86
+        if self.per_row:
+            y = int8_rows(flat, self.packed, self.bias)
+        else:
+            y = torch.ops.quantized.linear_dynamic(flat, self.packed, True)  # reduce_range for x86
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def int8_rows(x: Tensor, packed, bias: Tensor | None) -> Tensor:
+    """x [rows, in] -> [rows, out] through a per-row `Int8Linear`'s packed weight, each row
+    quantised on its own grid: scaled to max |x| = 1, with an anchor row [1, -1, 0, …] that
+    makes fbgemm's range exactly [-1, 1] whatever the other rows hold. (Mirrored in
+    TorchScript by `specasr.cpu.scripted._q8`.)"""
+    a = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [rows, 1]
+    anchor = x.new_zeros(1, x.shape[1])
+    anchor[0, 0], anchor[0, 1] = 1.0, -1.0
+    y = torch.ops.quantized.linear_dynamic(torch.cat([x / a, anchor]), packed, False)[:-1] * a
+    return y if bias is None else y + bias
+
+
+class Int8Head(nn.Module):
+    """The tied output projection as a per-row `Int8Linear` (an int8 target): y ≈ x Wᵀ,
+    x [..., in] -> [..., out]. `weight` is the token embedding it was quantised from, which
+    the model keeps for lookups (memory-mapped from the conversion cache). Quantised block
+    by block so the transient is one block."""
+
+    BLOCK = 8192  # rows of W per quantisation step
+
+    def __init__(self, weight: Tensor, rows=None) -> None:
+        super().__init__()
+        self.weight = (
+            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        )
+        self.bias = None
+        self.out_features = weight.shape[0]
+        rows = rows or (lambda a, b: weight[a:b])
+        parts = [
+            _quantize_rows(rows(i, min(i + self.BLOCK, self.out_features)), 63)
+            for i in range(0, self.out_features, self.BLOCK)
+        ]
+        self.inner = Int8Linear.__new__(Int8Linear)  # per row, packed from the blocks' int8 rows
+        nn.Module.__init__(self.inner)
+        q, scale = torch.cat([q for q, _ in parts]), torch.cat([sc for _, sc in parts])
+        self.inner.packed = _prepack(q, scale, None)
+        self.inner.bias, self.inner.per_row, self.inner.out_features = None, True, self.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(x)
 
 
 def swap_linears(module: nn.Module, make) -> nn.Module:

@@ -6,8 +6,9 @@ product. Each function here is `specasr.models.layers.DecoderLayer.forward` for 
 of layer, written as one scripted function, so the interpreter runs the ops without Python
 between them:
 
-- `int8_layer_step`: a distilled draft's layer after `DistilledDraft.quantize_int8`
-  (fbgemm int8 products). Same ops, same order: bitwise the eager layer (tested).
+- `int8_layer_step`: a distilled draft's layer after `DistilledDraft.quantize_int8`, or an
+  int8 target's (`specasr.models.whisper.quantize_decoder`) (fbgemm int8 products,
+  `specasr.cpu.linear.Int8Linear`). Same ops, same order: bitwise the eager layer (tested).
 - `fp32_layer_step`: a `specasr.cpu.lean.LeanDecoder` layer (the target on CPU), for passes
   of up to `specasr.cpu.linear.MANY_ROWS` rows, where its products are x·Wᵀ with a
   contiguous Wᵀ. It agrees with the eager layer to about 1e-6 (tested): the target stays
@@ -47,9 +48,21 @@ def _lin(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (T
     return torch.addmm(b, x, w)
 
 
-def _q8(x: Tensor, packed: torch.classes.quantized.LinearPackedParamsBase) -> Tensor:
-    """x [rows, in] -> [rows, out] through fbgemm's dynamic int8 product, as `linear.Int8Linear`."""
-    return torch.ops.quantized.linear_dynamic(x, packed, True)
+def _q8(
+    x: Tensor,
+    packed: torch.classes.quantized.LinearPackedParamsBase,
+    b: Optional[Tensor],  # noqa: UP045 (TorchScript)
+    per_row: bool,
+) -> Tensor:
+    """x [rows, in] -> [rows, out] through fbgemm's dynamic int8 product, as `linear.Int8Linear`:
+    per call (the bias inside `packed`), or per row (`linear.int8_rows`, the same ops, + b)."""
+    if not per_row:
+        return torch.ops.quantized.linear_dynamic(x, packed, True)
+    a = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [rows, 1]
+    anchor = x.new_zeros(1, x.shape[1])
+    anchor[0, 0], anchor[0, 1] = 1.0, -1.0
+    y = torch.ops.quantized.linear_dynamic(torch.cat([x / a, anchor]), packed, False)[:-1] * a
+    return y if b is None else y + b
 
 
 def _norm(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
@@ -147,15 +160,22 @@ def int8_layer_step(
     ln1_w: Tensor,
     ln1_b: Tensor,
     qkv: torch.classes.quantized.LinearPackedParamsBase,  # fused [W_q; W_k; W_v]: d -> 3d
+    qkv_b: Optional[Tensor],  # noqa: UP045  every *_b: the bias of a per-row product, else None
     out: torch.classes.quantized.LinearPackedParamsBase,
+    out_b: Optional[Tensor],  # noqa: UP045
     ln2_w: Tensor,
     ln2_b: Tensor,
     cross_q: torch.classes.quantized.LinearPackedParamsBase,
+    cross_q_b: Optional[Tensor],  # noqa: UP045
     cross_out: torch.classes.quantized.LinearPackedParamsBase,
+    cross_out_b: Optional[Tensor],  # noqa: UP045
     ln3_w: Tensor,
     ln3_b: Tensor,
     fc1: torch.classes.quantized.LinearPackedParamsBase,
+    fc1_b: Optional[Tensor],  # noqa: UP045
     fc2: torch.classes.quantized.LinearPackedParamsBase,
+    fc2_b: Optional[Tensor],  # noqa: UP045
+    per_row: bool,  # activations quantised per row (an int8 target) or per call (a draft)
     K: Tensor,  # [B, H, 448, dh] self-attention cache
     V: Tensor,
     cross_k: Tensor,  # [B, H, S, dh]
@@ -166,18 +186,19 @@ def int8_layer_step(
     heads: int,
     eps: float,
 ) -> Tensor:
-    """x [B, T, d] -> [B, T, d], with fbgemm's dynamic int8 products (x quantised per call)."""
+    """x [B, T, d] -> [B, T, d], with fbgemm's dynamic int8 products."""
     B, shape = x.shape[0], x.shape
     scale = float(x.shape[2] // heads) ** -0.5
-    q, k, v = _q8(_norm(x, ln1_w, ln1_b, eps), qkv).chunk(3, dim=1)  # [B·T, d] each
+    q, k, v = _q8(_norm(x, ln1_w, ln1_b, eps), qkv, qkv_b, per_row).chunk(3, dim=1)  # [B·T, d] each
     y = _self_attend(
         _heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start, write
     )
-    x = x + _q8(y, out).view(shape)
-    q = _heads(_q8(_norm(x, ln2_w, ln2_b, eps), cross_q) * scale, B, heads)
-    x = x + _q8(_merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)), cross_out).view(shape)
-    h = F.gelu(_q8(_norm(x, ln3_w, ln3_b, eps), fc1))
-    return x + _q8(h, fc2).view(shape)
+    x = x + _q8(y, out, out_b, per_row).view(shape)
+    q = _heads(_q8(_norm(x, ln2_w, ln2_b, eps), cross_q, cross_q_b, per_row) * scale, B, heads)
+    y = _merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0))
+    x = x + _q8(y, cross_out, cross_out_b, per_row).view(shape)
+    h = F.gelu(_q8(_norm(x, ln3_w, ln3_b, eps), fc1, fc1_b, per_row))
+    return x + _q8(h, fc2, fc2_b, per_row).view(shape)
 
 
 @functools.cache
@@ -194,21 +215,33 @@ def scripted(kind: str):
 
 
 def int8_args(layer) -> tuple:
-    """A quantized `layers.DecoderLayer`'s tensors and packed products, in `int8_layer_step` order."""
+    """A quantized `layers.DecoderLayer`'s tensors and packed products (`linear.Int8Linear`),
+    in `int8_layer_step` order."""
     a, c = layer.self_attn, layer.encoder_attn
+    q8 = (a.qkv_proj, a.out_proj, c.q_proj, c.out_proj, layer.fc1, layer.fc2)
+    (qkv, qkv_b), (out, out_b), (cq, cq_b), (co, co_b), (f1, f1_b), (f2, f2_b) = (
+        (m.packed, m.bias) for m in q8
+    )
     return (
         layer.self_attn_layer_norm.weight,
         layer.self_attn_layer_norm.bias,
-        a.qkv_proj.packed,
-        a.out_proj.packed,
+        qkv,
+        qkv_b,
+        out,
+        out_b,
         layer.encoder_attn_layer_norm.weight,
         layer.encoder_attn_layer_norm.bias,
-        c.q_proj.packed,
-        c.out_proj.packed,
+        cq,
+        cq_b,
+        co,
+        co_b,
         layer.final_layer_norm.weight,
         layer.final_layer_norm.bias,
-        layer.fc1.packed,
-        layer.fc2.packed,
+        f1,
+        f1_b,
+        f2,
+        f2_b,
+        layer.fc1.per_row,
     )
 
 

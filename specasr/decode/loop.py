@@ -112,6 +112,14 @@ def decode(
     return decode_states(pair, target_states, draft_states, options, prompt, stats, hooks)
 
 
+INT8_SPECULATIVE = (
+    "an int8 target decodes autoregressively only: its per-row int8 products are batch-independent, "
+    "but attention over a k-token verify pass is not bitwise the one-token step's, and int8 "
+    "quantisation turns those last-bit differences into different tokens; use mode "
+    "'autoregressive' with compute type int8, or compute type float32 for speculative modes"
+)
+
+
 @torch.inference_mode()
 def decode_states(
     pair,
@@ -129,6 +137,8 @@ def decode_states(
     stats = stats or DecodeStats()
     if options.speculative and (pair.draft is None or draft_states is None):
         raise ValueError(f"mode {options.mode!r} needs a draft model; load one or use mode 'autoregressive'")
+    if options.speculative and getattr(pair, "compute_type", "float32") == "int8":
+        raise ValueError(INT8_SPECULATIVE)
     language = options.language
     if language is None:
         languages = detect_language(pair, target_states)

@@ -83,12 +83,13 @@ def select(utts: Sequence, options: EvalOptions) -> list:
 
 def pair_meta(pair, modes: Sequence[str]) -> dict:
     """What config.json records of the loaded models: the draft (None when every mode is
-    target-only), the device and the dtype."""
+    target-only), the device, the dtype and the target's compute type."""
     speculative = any(m != "autoregressive" for m in modes)
     return {
         "draft": pair.draft_name if speculative else None,
         "device": str(pair.device),
         "dtype": str(pair.dtype).removeprefix("torch."),
+        "compute_type": pair.compute_type,
     }
 
 

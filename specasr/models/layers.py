@@ -142,10 +142,11 @@ def fuse_qkv(attn: nn.Module, make) -> None:
     same dot product as before (int8: the same per-row scales, and one activation
     quantisation instead of three of the same input)."""
     q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    wq, wk, wv = q.weight, k.weight, v.weight  # a packed form's `weight` is a fresh dense copy
     with no_init():  # overwritten below
-        fused = nn.Linear(q.in_features, 3 * q.out_features, device=q.weight.device, dtype=q.weight.dtype)
+        fused = nn.Linear(q.in_features, 3 * q.out_features, device=wq.device, dtype=wq.dtype)
     with torch.no_grad():
-        fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+        fused.weight.copy_(torch.cat([wq, wk, wv]))
         fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))
     attn.qkv_proj = make(fused)
     del attn.q_proj, attn.k_proj, attn.v_proj

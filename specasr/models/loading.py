@@ -31,7 +31,7 @@ from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.whisper import Whisper, load_whisper
+from specasr.models.whisper import Whisper, load_whisper, quantize_decoder
 from specasr.tokenizer import Tokenizer
 
 # what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
@@ -76,6 +76,7 @@ class ModelPair:
     begin_suppress_tokens: tuple[int, ...]
     target_name: str
     draft_name: str | None
+    compute_type: str = "float32"  # the target's decoder products: "float32" or "int8" (`load_pair`)
 
     @property
     def vocab_size(self) -> int:
@@ -245,6 +246,7 @@ def load_pair(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     draft_int8: bool | None = None,
+    compute_type: str = "float32",
 ) -> ModelPair:
     """Loads `target` and `draft` ("default": the preset's draft, None/"none": no draft,
     "self:K": the target's first K decoder layers, "packaged:NAME" or a path to a distilled
@@ -252,13 +254,17 @@ def load_pair(
     device None picks CUDA when available; dtype None is fp16 on CUDA, fp32 elsewhere.
     draft_int8: run a distilled draft's products in int8 (`DistilledDraft.quantize_int8`);
     None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
-    can move the acceptance rate, never the transcript."""
+    can move the acceptance rate, never the transcript.
+    compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
+    (CPU, fp32 activations: `specasr.models.whisper.quantize_decoder`, a lossy target of its
+    own, against which exact mode stays exact) or "auto"."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     if draft == "default":
         draft = PRESETS[target].draft if target in PRESETS else None
     if draft in (None, "none"):
         draft = None
+    compute_type = resolve_compute_type(compute_type, dev, dtype, speculative=draft is not None)
     t_model, tok = _load_spec(target, dtype, dev)
     d_model = None
     draft_file = _draft_file(draft)
@@ -281,6 +287,8 @@ def load_pair(
     )
     if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
+    if compute_type == "int8":  # after the draft took what it shares (embeddings, head rows)
+        quantize_decoder(t_model)
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
     mapped.trim_heap()  # loading freed tensors of many sizes: give the free heap back
@@ -297,7 +305,37 @@ def load_pair(
         begin_suppress_tokens=gen.begin_suppress_tokens,
         target_name=target,
         draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
+        compute_type=compute_type,
     )
+
+
+COMPUTE_TYPES = ("auto", "float32", "int8")
+
+
+def resolve_compute_type(
+    compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
+) -> str:
+    """The target decoder's compute type, "float32" or "int8", for a requested one. "int8"
+    needs a CPU, fp32 and fbgemm (x86 builds); asked for elsewhere it is a ValueError.
+    "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
+    (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
+    reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:
+    docs/benchmarks.md), else "float32": when in doubt, the checkpoint's own precision. An
+    int8 target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`), so a
+    pair with a draft gets float32 from "auto"."""
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute type {compute_type!r}: expected one of {', '.join(COMPUTE_TYPES)}")
+    cpu32 = device.type == "cpu" and dtype == torch.float32
+    if compute_type == "auto":
+        simd = torch.backends.cpu.get_cpu_capability().startswith("AVX")
+        return "int8" if cpu32 and simd and not speculative and int8_available() else "float32"
+    if compute_type == "int8" and not (cpu32 and int8_available()):
+        raise ValueError(
+            "compute type int8 runs on a CPU in fp32 with fbgemm (x86 PyTorch builds); "
+            f"here: device {device.type}, dtype {str(dtype).removeprefix('torch.')}, "
+            f"fbgemm {'yes' if int8_available() else 'no'}"
+        )
+    return compute_type
 
 
 def _available(preset: Preset) -> bool:

@@ -426,3 +426,27 @@ def pack_decoder(model: Whisper) -> Whisper:
                 if isinstance(linear, nn.Linear) and (packed := PackedLinear.of(linear)) is not None:
                     setattr(box, name, packed)
     return model
+
+
+def quantize_decoder(model: Whisper) -> Whisper:
+    """An int8 target (`compute_type="int8"`, CPU): the decoder layers' matrices, but
+    cross-attention K/V, and the tied output head become per-row `specasr.cpu.linear.Int8Linear`
+    products (self-attention q, k, v fused into one), in place. Lossy against the fp32 model
+    (a different model, as CTranslate2's int8 is), but batch-independent: a verify pass
+    scores each position as one-token steps of the same int8 model would, so exact mode's
+    T = 0 identity holds against it. The cross K/V projections stay fp32: they run once per
+    window over 1500 frames. The token embedding stays fp32 (and memory-mapped) for lookups."""
+    from specasr.cpu.linear import Int8Head, Int8Linear
+    from specasr.models.layers import fuse_qkv
+
+    for layer in model.model.decoder.layers:
+        fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
+        for box, names in (
+            (layer.self_attn, ("out_proj",)),
+            (layer.encoder_attn, ("q_proj", "out_proj")),
+            (layer, ("fc1", "fc2")),
+        ):
+            for name in names:
+                setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
+    model.use_head_form(Int8Head(model.model.decoder.embed_tokens.weight))
+    return model

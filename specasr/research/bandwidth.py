@@ -65,23 +65,25 @@ def stream_probe(mb: int = 256, repeats: int = 10) -> list[Probe]:
     return out
 
 
-def step_bytes(config, frames: int = 1500, element: int = 4) -> dict[str, int]:
-    """Bytes a target decoder pass reads, by part, for a Whisper config in fp32: the layers'
-    matrices and vectors, the tied head once, and the cross-attention K/V of one window."""
-    d, f, layers = config.d_model, config.decoder_ffn_dim, config.decoder_layers
+def step_bytes(config, frames: int = 1500, element: int = 4, matrix_element: int = 4) -> dict[str, int]:
+    """Bytes a target decoder pass reads, by part, for a Whisper config: the layers'
+    matrices (`matrix_element` bytes each: 4 in fp32, 1 for an int8 target, whose per-row
+    scales count as vectors) and vectors, the tied head once, and the cross-attention K/V
+    of one window (fp32 in both)."""
+    d, f, layers, m = config.d_model, config.decoder_ffn_dim, config.decoder_layers, matrix_element
     per_layer = (
-        4 * d * d
-        + 3 * d  # self-attention q, k, v, o (k has no bias)
-        + 2 * d * d
-        + 2 * d  # cross-attention q and o (its k, v are the cached K/V)
-        + 2 * d * f
-        + f
-        + d  # feed-forward
-        + 3 * 2 * d  # three layer norms
+        4 * d * d * m
+        + 3 * d * element  # self-attention q, k, v, o (k has no bias)
+        + 2 * d * d * m
+        + 2 * d * element  # cross-attention q and o (its k, v are the cached K/V)
+        + 2 * d * f * m
+        + (f + d) * element  # feed-forward
+        + 3 * 2 * d * element  # three layer norms
     )
+    scales = 0 if m == 4 else (6 * d + f + d) * 4  # int8: one fp32 scale per output row
     return {
-        "decoder layers": layers * per_layer * element,
-        "output projection": config.vocab_size * d * element,
+        "decoder layers": layers * (per_layer + scales),
+        "output projection": config.vocab_size * d * m + (0 if m == 4 else config.vocab_size * 4),
         "cross-attention K/V": layers * 2 * frames * d * element,
     }
 
@@ -94,7 +96,14 @@ def step_bytes(config, frames: int = 1500, element: int = 4) -> dict[str, int]:
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
-def main(model: str, draft: str, repeats: int, probe_mb: int, data: str) -> None:
+@click.option(
+    "--compute-type",
+    type=click.Choice(["float32", "int8"]),
+    default="float32",
+    show_default=True,
+    help="The target's products; int8 is target-only (no draft step).",
+)
+def main(model: str, draft: str, repeats: int, probe_mb: int, data: str, compute_type: str) -> None:
     from pathlib import Path
 
     import torch
@@ -103,16 +112,19 @@ def main(model: str, draft: str, repeats: int, probe_mb: int, data: str) -> None
     from specasr.research.bench import file_mels
     from specasr.research.speedup import step_costs
 
-    pair = load_pair(model, draft, device="cpu")
+    int8 = compute_type == "int8"
+    pair = load_pair(model, None if int8 else draft, device="cpu", compute_type=compute_type)
     threads = torch.get_num_threads()
     probes = stream_probe(probe_mb, max(5, repeats // 3))
     read = next(p for p in probes if p.name == "read")
     mel = file_mels(pair, sorted(Path(data).glob("*.wav"))[:1])[0]
     with torch.inference_mode():
         costs = step_costs(pair, mel, ks=(1, 2, 4, 8), repeats=repeats)
-    parts = step_bytes(pair.target.config)
+    parts = step_bytes(pair.target.config, matrix_element=1 if int8 else 4)
     total = sum(parts.values())
-    click.echo(f"{model} + {pair.draft_name}, fp32 target, {threads} threads, {repeats} passes per k\n")
+    click.echo(
+        f"{model} + {pair.draft_name}, {compute_type} target, {threads} threads, {repeats} passes per k\n"
+    )
     click.echo("| probe | best GB/s | median GB/s |\n|---|---|---|")
     for p in probes:
         click.echo(f"| {p.name} | {p.best_gbs:.1f} | {p.median_gbs:.1f} |")

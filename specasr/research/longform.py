@@ -1,9 +1,13 @@
 """Long-form real-time factor: autoregressive, speculative and chunked decoding side by side.
 
     python -m specasr.research.longform --model tiny.en --draft self:2 --repeats 3 [--faster-whisper] [--vad]
+        [--compute-type float32,int8]
 
 With --vad, sequential and chunked decoding of only the speech Silero VAD finds are added (VAD
 time included); the issue-18 target is chunked + VAD + speculative against sequential autoregressive.
+Each compute type in --compute-type adds its own rows (one model pair each; int8 is target-only,
+so its rows are autoregressive). --faster-whisper adds
+its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8.
 
 Every configuration transcribes the same long recording (`long_recording`: the LibriVox
 test clips twice over, separated by silence), interleaved and repeated, so machine noise hits
@@ -67,13 +71,22 @@ def _ours(pair, options: TranscribeOptions):
     return run
 
 
-def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32"):
-    from faster_whisper import WhisperModel
+def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32", batch_size: int = 0):
+    """faster-whisper greedy on the same weights: its sequential `transcribe`, or with
+    batch_size > 0 its `BatchedInferencePipeline` (Silero VAD cuts, then batched windows:
+    its fastest long-form path)."""
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     model = WhisperModel(str(ct2_dir), device="cpu", compute_type=compute_type, cpu_threads=threads)
+    batched = BatchedInferencePipeline(model) if batch_size else None
 
     def run(audio: np.ndarray):
-        segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language="en")
+        if batched is None:
+            segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language="en")
+        else:
+            segments, _ = batched.transcribe(
+                audio, beam_size=1, best_of=1, language="en", batch_size=batch_size
+            )
         return " ".join(s.text for s in segments), None, None
 
     return run
@@ -94,42 +107,53 @@ def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32"):
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--vad", "with_vad", is_flag=True, help="Add sequential and chunked runs with Silero VAD.")
 @click.option(
+    "--compute-type",
+    "compute_types",
+    default="float32",
+    show_default=True,
+    help="Comma-separated target compute types; each adds its own rows (int8: `load_pair(compute_type=)`).",
+)
+@click.option(
     "--cut-search",
     type=float,
     default=TranscribeOptions.cut_search,
     show_default=True,
     help="Chunked: seconds before each 30 s limit searched for the quietest cut.",
 )
-def main(model, draft, mode, batch_size, repeats, data, with_fw, device, with_vad, cut_search) -> None:
+def main(
+    model, draft, mode, batch_size, repeats, data, with_fw, device, with_vad, compute_types, cut_search
+) -> None:
     import torch
 
     from specasr.models.loading import load_pair
 
     rec = long_recording(data)
     duration = len(rec.samples) / SAMPLE_RATE
-    pair = load_pair(model, draft, device=device)
     base = TranscribeOptions(cut_search=cut_search)
     ar = base.with_decode(mode="autoregressive")
     spec = base.with_decode(mode=mode)
-    configs = {
-        "sequential, autoregressive": _ours(pair, ar),
-        f"sequential, speculative ({mode}, {draft})": _ours(pair, spec),
-        f"chunked B={batch_size}, autoregressive": _ours(
-            pair, replace(ar, strategy="chunked", batch_size=batch_size)
-        ),
-        f"chunked B={batch_size}, speculative ({mode}, {draft})": _ours(
-            pair, replace(spec, strategy="chunked", batch_size=batch_size)
-        ),
-    }
-    if with_vad:
-        vad = VadOptions()
-        configs["sequential + VAD, autoregressive"] = _ours(pair, replace(ar, vad=vad))
-        configs[f"chunked B={batch_size} + VAD, autoregressive"] = _ours(
-            pair, replace(ar, strategy="chunked", batch_size=batch_size, vad=vad)
-        )
-        configs[f"chunked B={batch_size} + VAD, speculative ({mode}, {draft})"] = _ours(
-            pair, replace(spec, strategy="chunked", batch_size=batch_size, vad=vad)
-        )
+    configs, pairs = {}, {}
+    for ct in compute_types.split(","):
+        pair = pairs[ct] = load_pair(model, draft if ct != "int8" else None, device=device, compute_type=ct)
+        tag = "" if ct == "float32" else f" [{ct}]"
+        rows = {  # (strategy, VAD, speculative) -> name
+            ("sequential", False, False): f"sequential, autoregressive{tag}",
+            ("sequential", False, True): f"sequential, speculative ({mode}, {draft}){tag}",
+            ("chunked", False, False): f"chunked B={batch_size}, autoregressive{tag}",
+            ("chunked", False, True): f"chunked B={batch_size}, speculative ({mode}, {draft}){tag}",
+        }
+        if with_vad:
+            rows[("sequential", True, False)] = f"sequential + VAD, autoregressive{tag}"
+            rows[("chunked", True, False)] = f"chunked B={batch_size} + VAD, autoregressive{tag}"
+            rows[("chunked", True, True)] = (
+                f"chunked B={batch_size} + VAD, speculative ({mode}, {draft}){tag}"
+            )
+        for (strategy, with_v, speculative), name in rows.items():
+            if speculative and ct == "int8":  # an int8 target decodes autoregressively only
+                continue
+            opts = replace(spec if speculative else ar, strategy=strategy)
+            opts = replace(opts, batch_size=batch_size) if strategy == "chunked" else opts
+            configs[name] = _ours(pair, replace(opts, vad=VadOptions()) if with_v else opts)
     if with_fw:  # the same weights: the preset's packaged CTranslate2 files, parts joined
         import tempfile
 
@@ -139,6 +163,9 @@ def main(model, draft, mode, batch_size, repeats, data, with_fw, device, with_va
         for ct in ("float32", "int8"):
             configs[f"faster-whisper (CTranslate2 {ct}, greedy)"] = _faster_whisper(
                 fw_dir, torch.get_num_threads(), ct
+            )
+            configs[f"faster-whisper batched B={batch_size} + VAD (CTranslate2 {ct}, greedy)"] = (
+                _faster_whisper(fw_dir, torch.get_num_threads(), ct, batch_size)
             )
     times: dict[str, list[float]] = {name: [] for name in configs}
     outputs = {}
@@ -151,13 +178,15 @@ def main(model, draft, mode, batch_size, repeats, data, with_fw, device, with_va
             times[name].append(time.perf_counter() - t0)
     names = list(configs)
     ref = statistics.median(times[names[0]])
-    same = outputs[names[1]][1] == outputs[names[0]][1]
-    same_chunked = outputs[names[3]][1] == outputs[names[2]][1]
+    identical = []
+    for strategy in ("sequential", f"chunked B={batch_size}"):  # float32 rows, the first four
+        a, b = (f"{strategy}, autoregressive", f"{strategy}, speculative ({mode}, {draft})")
+        if a in outputs and b in outputs:
+            identical.append(f"{strategy.split()[0]} {'yes' if outputs[a][1] == outputs[b][1] else 'NO'}")
     click.echo(
-        f"{model} (draft {draft}) on {duration:.1f} s of audio, device {pair.device}, "
+        f"{model} (draft {draft}) on {duration:.1f} s of audio, device {device}, "
         f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "
-        f"autoregressive at T=0: sequential {'yes' if same else 'NO'}, "
-        f"chunked {'yes' if same_chunked else 'NO'}\n"
+        f"autoregressive at T=0: {', '.join(identical)}\n"
     )
     click.echo("| configuration | wall s (median) | real-time factor | speed vs sequential AR | α̂ | WER |")
     click.echo("|---|---|---|---|---|---|")

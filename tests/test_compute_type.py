@@ -57,16 +57,16 @@ def test_the_int8_head_is_the_per_row_product_of_its_table_packed_block_by_block
 
 @pytest.mark.parametrize("runner", ["lean scripted", "lean eager", "whisper layers"])
 def test_an_int8_decoder_is_close_to_fp32_and_its_scripted_steps_are_bitwise_the_eager_layers(runner):
-    """`quantize_decoder`: every decoder path runs the per-row products. The scripted lean
+    """`quantize_target`: every decoder path runs the per-row products. The scripted lean
     layers give exactly the eager lean layers' logits (the same ops); all are close to the
     fp32 model's."""
     from tiny_pairs import random_tiny_pair
 
     from specasr.cpu.lean import LeanDecoder, LeanRunner
-    from specasr.models.whisper import quantize_decoder
+    from specasr.models.whisper import quantize_target
 
     plain = random_tiny_pair(seed=3).target
-    q8 = quantize_decoder(copy.deepcopy(plain))
+    q8 = quantize_target(copy.deepcopy(plain))
     layer = q8.model.decoder.layers[0]
     assert isinstance(layer.fc1, Int8Linear) and layer.fc1.per_row and hasattr(layer.self_attn, "qkv_proj")
     assert isinstance(layer.encoder_attn.k_proj, nn.Linear)  # cross K/V: once per window, fp32
@@ -86,6 +86,25 @@ def test_an_int8_decoder_is_close_to_fp32_and_its_scripted_steps_are_bitwise_the
             assert ((got - want).norm() / want.norm()).item() < 0.05
             if eager is not None:
                 assert torch.equal(got, eager(block, block.shape[1]))
+
+
+def test_an_int8_encoder_encodes_each_window_as_it_would_alone():
+    """The encoder's int8 products are per row too, so a window in a chunked batch gets
+    bitwise the states it gets alone; and they stay close to fp32's."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.models.whisper import quantize_target
+
+    plain = random_tiny_pair(seed=5).target
+    q8 = quantize_target(copy.deepcopy(plain))
+    assert isinstance(q8.model.encoder.layers[0].self_attn.qkv_proj, Int8Linear)
+    mel = torch.randn(3, 80, 3000, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        batch = q8.model.encoder(mel)
+        alone = torch.cat([q8.model.encoder(mel[i : i + 1]) for i in range(3)])
+        want = plain.model.encoder(mel)
+    assert torch.equal(batch, alone)
+    assert ((batch - want).norm() / want.norm()).item() < 0.1
 
 
 def test_the_compute_type_is_resolved_and_int8_needs_a_cpu_in_fp32():
@@ -126,7 +145,10 @@ def test_speculative_modes_refuse_an_int8_target(tmp_path):
         ["eval", "librispeech-clean", "--data-dir", str(tmp_path), "--compute-type", "int8"],
     ):
         result = CliRunner().invoke(main, args)
-        assert result.exit_code == 2 and "--compute-type int8 decodes with --mode autoregressive only" in result.output
+        assert (
+            result.exit_code == 2
+            and "--compute-type int8 decodes with --mode autoregressive only" in result.output
+        )
 
 
 @pytest.mark.slow

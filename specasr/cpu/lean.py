@@ -51,7 +51,7 @@ class LeanDecoder:
         cfg, dec = model.config, model.model.decoder
         self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
         self.layers = nn.ModuleList()
-        int8 = isinstance(dec.layers[0].fc1, Int8Linear)  # `models.whisper.quantize_decoder`
+        int8 = isinstance(dec.layers[0].fc1, Int8Linear)  # `models.whisper.quantize_target`
         step = scripted("int8" if int8 else "fp32") if script else None
         for hf in dec.layers:
             layer = DecoderLayer.__new__(DecoderLayer)  # no fresh weights: every part is the model's

@@ -7,7 +7,7 @@ of layer, written as one scripted function, so the interpreter runs the ops with
 between them:
 
 - `int8_layer_step`: a distilled draft's layer after `DistilledDraft.quantize_int8`, or an
-  int8 target's (`specasr.models.whisper.quantize_decoder`) (fbgemm int8 products,
+  int8 target's (`specasr.models.whisper.quantize_target`) (fbgemm int8 products,
   `specasr.cpu.linear.Int8Linear`). Same ops, same order: bitwise the eager layer (tested).
 - `fp32_layer_step`: a `specasr.cpu.lean.LeanDecoder` layer (the target on CPU), for passes
   of up to `specasr.cpu.linear.MANY_ROWS` rows, where its products are x·Wᵀ with a
@@ -61,8 +61,9 @@ def _q8(
     a = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [rows, 1]
     anchor = x.new_zeros(1, x.shape[1])
     anchor[0, 0], anchor[0, 1] = 1.0, -1.0
-    y = torch.ops.quantized.linear_dynamic(torch.cat([x / a, anchor]), packed, False)[:-1] * a
-    return y if b is None else y + b
+    y = torch.ops.quantized.linear_dynamic(torch.cat([x / a, anchor]), packed, False)[:-1]
+    y.mul_(a)
+    return y if b is None else y.add_(b)
 
 
 def _norm(x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:

@@ -143,8 +143,8 @@ def fuse_qkv(attn: nn.Module, make) -> None:
     quantisation instead of three of the same input)."""
     q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
     wq, wk, wv = q.weight, k.weight, v.weight  # a packed form's `weight` is a fresh dense copy
-    with no_init():  # overwritten below
-        fused = nn.Linear(q.in_features, 3 * q.out_features, device=wq.device, dtype=wq.dtype)
+    with no_init():  # overwritten below; the bias's dtype is the products' (fp16-stored: fp32)
+        fused = nn.Linear(wq.shape[1], 3 * wq.shape[0], device=wq.device, dtype=q.bias.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([wq, wk, wv]))
         fused.bias.copy_(torch.cat([q.bias, torch.zeros_like(q.bias), v.bias]))

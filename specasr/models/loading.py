@@ -31,7 +31,7 @@ from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.whisper import Whisper, load_whisper, quantize_decoder
+from specasr.models.whisper import Whisper, load_whisper, quantize_target
 from specasr.tokenizer import Tokenizer
 
 # what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
@@ -256,7 +256,7 @@ def load_pair(
     None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
     can move the acceptance rate, never the transcript.
     compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
-    (CPU, fp32 activations: `specasr.models.whisper.quantize_decoder`, a lossy target of its
+    (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
     own, against which exact mode stays exact) or "auto"."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
@@ -288,7 +288,7 @@ def load_pair(
     if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
     if compute_type == "int8":  # after the draft took what it shares (embeddings, head rows)
-        quantize_decoder(t_model)
+        quantize_target(t_model)
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
     mapped.trim_heap()  # loading freed tensors of many sizes: give the free heap back

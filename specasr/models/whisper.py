@@ -99,12 +99,8 @@ class EncoderLayer(nn.Module):
         """x [B, S, d] -> [B, S, d]."""
         a = self.self_attn
         h = self.self_attn_layer_norm(x)
-        if hasattr(a, "qkv_proj"):  # fused (an int8 target: one activation quantisation, not three)
-            q, k, v = a.qkv_proj(h).chunk(3, dim=-1)
-        else:
-            q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
-        q = self._split(q * self.dh**-0.5)  # scaled before the product, as Whisper does
-        y = F.scaled_dot_product_attention(q, self._split(k), self._split(v), scale=1.0)
+        q = self._split(a.q_proj(h) * self.dh**-0.5)  # scaled before the product, as Whisper does
+        y = F.scaled_dot_product_attention(q, self._split(a.k_proj(h)), self._split(a.v_proj(h)), scale=1.0)
         x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
         x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
         if x.dtype == torch.float16:  # fp16 overflow guard, as the reference implementation has
@@ -433,21 +429,17 @@ def pack_decoder(model: Whisper) -> Whisper:
 
 
 def quantize_target(model: Whisper) -> Whisper:
-    """An int8 target (`compute_type="int8"`, CPU), in place: the encoder's and the decoder
-    layers' matrices (but the decoder's cross-attention K/V) and the tied output head become
-    per-row `specasr.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into
-    one. Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every
-    row is quantised on its own, so a window's encoding and a token's step never depend on
-    the rows beside them in a batch. The decoder's cross K/V projections stay fp32 (once per
-    window), and the token embedding stays fp32 (memory-mapped) for lookups."""
+    """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
+    (but cross-attention K/V) and the tied output head become per-row
+    `specasr.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
+    Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
+    quantised on its own, so a token's step never depends on the rows beside it in a batch.
+    The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
+    (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
+    1.23× faster per window but cost speech on the long-form fixture (docs/benchmarks.md)."""
     from specasr.cpu.linear import Int8Head, Int8Linear
     from specasr.models.layers import fuse_qkv
 
-    for layer in model.model.encoder.layers:
-        fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
-        for box, names in ((layer.self_attn, ("out_proj",)), (layer, ("fc1", "fc2"))):
-            for name in names:
-                setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
     for layer in model.model.decoder.layers:
         fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
         for box, names in (

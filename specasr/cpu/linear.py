@@ -259,7 +259,10 @@ def _quantize_rows(weight: Tensor, levels: int) -> tuple[Tensor, Tensor]:
     output row, W ≈ q · scale."""
     w = weight.detach().float().cpu()
     scale = (w.abs().amax(dim=1) / levels).clamp_min(1e-12).double()  # [out]
-    q = torch.round(w / scale[:, None]).clamp_(-levels, levels).to(torch.int8)
+    zero = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensors are deprecated; int8_available() gates their removal
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8).int_repr()  # |q| <= levels
     return q, scale
 
 

@@ -114,9 +114,13 @@ class ModelPair:
 
 # ---- resolving one spec to (model, tokenizer) ------------------------------------------
 def _load_dir(
-    source: str | Path, tokenizer_file: str | Path, dtype: torch.dtype, device: torch.device
+    source: str | Path,
+    tokenizer_file: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    pack: bool = True,
 ) -> tuple[Whisper, Tokenizer]:
-    return load_whisper(source, dtype, device), Tokenizer.from_file(tokenizer_file)
+    return load_whisper(source, dtype, device, pack), Tokenizer.from_file(tokenizer_file)
 
 
 def _hub_dir(repo_id: str) -> Path:
@@ -136,11 +140,14 @@ def _is_ct2_dir(d: Path) -> bool:
     return not cfg.is_file() or "architectures" not in json.loads(cfg.read_text())
 
 
-def _load_spec(spec: str, dtype: torch.dtype, device: torch.device) -> tuple[Whisper, Tokenizer]:
+def _load_spec(
+    spec: str, dtype: torch.dtype, device: torch.device, pack: bool = True
+) -> tuple[Whisper, Tokenizer]:
+    """pack: `load_whisper`'s (False when the target will be quantised instead)."""
     preset = PRESETS.get(spec)
     if preset is not None and preset.offline:
         hf_dir = cached_conversion(offline_files(spec))
-        return _load_dir(hf_dir, hf_dir / "tokenizer.json", dtype, device)
+        return _load_dir(hf_dir, hf_dir / "tokenizer.json", dtype, device, pack)
     if preset is not None:
         spec = preset.target
     path = Path(spec).expanduser()
@@ -149,12 +156,12 @@ def _load_spec(spec: str, dtype: torch.dtype, device: torch.device) -> tuple[Whi
             path = cached_conversion(path)
         if not (path / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json")
-        return _load_dir(path, path / "tokenizer.json", dtype, device)
+        return _load_dir(path, path / "tokenizer.json", dtype, device, pack)
     if path.exists() or spec.startswith((".", "/", "~")):
         raise FileNotFoundError(f"{spec!r} is not a model directory")
     # A hub id: the real download path (served from the local hub cache when offline).
     hub = _hub_dir(spec)
-    return _load_dir(hub, hub / "tokenizer.json", dtype, device)
+    return _load_dir(hub, hub / "tokenizer.json", dtype, device, pack)
 
 
 def packaged_draft(name: str) -> Path:
@@ -265,7 +272,7 @@ def load_pair(
     if draft in (None, "none"):
         draft = None
     compute_type = resolve_compute_type(compute_type, dev, dtype, speculative=draft is not None)
-    t_model, tok = _load_spec(target, dtype, dev)
+    t_model, tok = _load_spec(target, dtype, dev, pack=compute_type != "int8")
     d_model = None
     draft_file = _draft_file(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers

@@ -367,14 +367,17 @@ def from_tensors(
 EMBED = "model.decoder.embed_tokens.weight"
 
 
-def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device) -> Whisper:
+def load_whisper(
+    directory: str | Path, dtype: torch.dtype, device: torch.device, pack: bool = True
+) -> Whisper:
     """A Hugging Face Whisper checkpoint directory -> `Whisper` in `dtype` on `device`.
 
     On a CPU in fp32, from the conversion cache (model.safetensors plus TRANSPOSED_FILE): the
     decoder layers' matrices are read as Wᵀ; the tied embedding/head is held once, as oneDNN
     blocks packed from the file (`PackedHead`), with the table itself memory-mapped for
     lookups; the encoder's matrices rest in fp16 when the source was fp16 (`HalfStoredLinear`).
-    Elsewhere the checkpoint's tensors are read as they are."""
+    Elsewhere the checkpoint's tensors are read as they are. pack False leaves the decoder and
+    head as plain Linear modules (for `quantize_target`, which replaces them anyway)."""
     d = Path(directory)
     dims = WhisperDims.from_file(d / "config.json")
     generation = Generation.from_file(d / "generation_config.json")
@@ -383,7 +386,7 @@ def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device
     if not (cpu32 and side.is_file() and main.is_file()):
         tensors = tensors_from_checkpoint(d, dtype if device.type == "cpu" else None)
         model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
-        if cpu32:
+        if cpu32 and pack:
             pack_decoder(model)
         return model
     where = mapped.span(main, EMBED)
@@ -399,12 +402,13 @@ def load_whisper(directory: str | Path, dtype: torch.dtype, device: torch.device
 
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
-    if mapped_embed:
+    if mapped_embed and pack:
         head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
         if head is not None:
             model.use_head_form(head)
     del tensors  # the decoder's Wᵀ storage goes once its matrices are packed
-    pack_decoder(model)
+    if pack:
+        pack_decoder(model)
     return model
 
 

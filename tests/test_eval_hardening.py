@@ -256,6 +256,27 @@ def test_missing_data_and_another_configuration_exit_2_before_loading_models(dat
     assert len(tiny_models) == 1  # the first run's
 
 
+def test_a_run_in_another_compute_type_does_not_resume_into_the_first(data, tiny_pair, monkeypatch):
+    """config.json records the target's compute type: an int8 rerun into an fp32 run's
+    directory is refused (exit 2), and the loader is told the compute type."""
+    from dataclasses import replace
+
+    asked = []
+
+    def load(model, draft, mode, device, dtype, compute_type="float32"):
+        asked.append(compute_type)
+        return replace(tiny_pair, compute_type=compute_type)
+
+    monkeypatch.setattr("specasr.cli.eval.load_models", load)
+    m = _manifest(data / "m.jsonl", [GOOD])
+    out = str(data / "out")
+    assert _eval("manifest", "--data-dir", str(m), *TINY, "-o", out).exit_code == 0
+    assert json.loads((data / "out" / "config.json").read_text())["compute_type"] == "float32"
+    result = _eval("manifest", "--data-dir", str(m), *TINY, "--compute-type", "int8", "-o", out)
+    assert result.exit_code == 2 and "another configuration" in result.output
+    assert asked == ["float32", "int8"]
+
+
 # --- Ctrl-C ----------------------------------------------------------------------------------
 
 

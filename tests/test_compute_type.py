@@ -46,8 +46,7 @@ def test_a_per_row_int8_product_is_close_to_fp32_and_adds_its_bias():
     torch.testing.assert_close(zero, lin.bias.detach().expand(2, -1))
 
 
-def test_the_int8_head_is_the_per_row_product_of_its_table_packed_block_by_block(monkeypatch):
-    monkeypatch.setattr(Int8Head, "BLOCK", 40)  # 96 rows: three blocks
+def test_the_int8_head_is_the_per_row_product_of_its_table():
     table = nn.Parameter(torch.randn(96, 64), requires_grad=False)
     head = Int8Head(table)
     x = torch.randn(4, 64)

@@ -274,8 +274,9 @@ model_options = _stack(
         type=click.Choice(["auto", "float32", "int8"]),
         default="float32",
         show_default=True,
-        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own (exact "
-        "mode stays exact against it); auto: int8 on AVX2/AVX-512 CPUs with fbgemm, else float32.",
+        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own, with "
+        "--mode autoregressive only; auto: int8 for autoregressive decoding on AVX2/AVX-512 CPUs "
+        "with fbgemm, else float32.",
     ),
 )
 

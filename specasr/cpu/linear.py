@@ -19,9 +19,9 @@ product cheaper. Two kinds:
 - per row (an int8 target, `compute_type="int8"`): each row is scaled to [-1, 1] before
   fbgemm quantises the block, and an anchor row pins fbgemm's range to exactly [-1, 1], so
   every row is quantised on its own fixed grid and its integer product is exact: a row's
-  result is bitwise the same whatever rows share the call. A k-token verify pass therefore
-  scores each position exactly as k one-token steps would, which is what keeps exact mode's
-  T = 0 promise relative to the int8 target. Weights take 7 bits (±63) so that full 8-bit
+  result is bitwise the same whatever rows share the call (attention is not, which is why an
+  int8 target still decodes autoregressively only: `specasr.decode.loop.INT8_SPECULATIVE`).
+  Weights take 7 bits (±63) so that full 8-bit
   activations cannot saturate the 16-bit pair sums of AVX2's u8·s8 product (fbgemm's
   `reduce_range` would instead halve the activations' grid).
 
@@ -39,6 +39,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from specasr.cpu.scripted import int8_product  # the one definition: eager here, scripted in the layers
 
 MANY_ROWS = 64  # above this many rows a product is compute-bound and F.linear's blocking wins
 
@@ -300,51 +302,23 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
-        if self.per_row:
-            y = int8_rows(flat, self.packed, self.bias)
-        else:
-            y = torch.ops.quantized.linear_dynamic(flat, self.packed, True)  # reduce_range for x86
-        return y.view(*x.shape[:-1], self.out_features)
-
-
-def int8_rows(x: Tensor, packed, bias: Tensor | None) -> Tensor:
-    """x [rows, in] -> [rows, out] through a per-row `Int8Linear`'s packed weight, each row
-    quantised on its own grid: scaled to max |x| = 1, with an anchor row [1, -1, 0, …] that
-    makes fbgemm's range exactly [-1, 1] whatever the other rows hold. (Mirrored in
-    TorchScript by `specasr.cpu.scripted._q8`.)"""
-    a = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [rows, 1]
-    anchor = x.new_zeros(1, x.shape[1])
-    anchor[0, 0], anchor[0, 1] = 1.0, -1.0
-    y = torch.ops.quantized.linear_dynamic(torch.cat([x / a, anchor]), packed, False)[:-1]
-    y.mul_(a)  # in place: a fresh [rows, out] per op costs as much as the product at 1500 rows
-    return y if bias is None else y.add_(bias)
+        return int8_product(flat, self.packed, self.bias, self.per_row).view(*x.shape[:-1], self.out_features)
 
 
 class Int8Head(nn.Module):
     """The tied output projection as a per-row `Int8Linear` (an int8 target): y ≈ x Wᵀ,
     x [..., in] -> [..., out]. `weight` is the token embedding it was quantised from, which
-    the model keeps for lookups (memory-mapped from the conversion cache). Quantised block
-    by block so the transient is one block."""
+    the model keeps for lookups (memory-mapped from the conversion cache); quantising reads
+    it in place, so the only new memory is the int8 copy."""
 
-    BLOCK = 8192  # rows of W per quantisation step
-
-    def __init__(self, weight: Tensor, rows=None) -> None:
+    def __init__(self, weight: Tensor) -> None:
         super().__init__()
         self.weight = (
             weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         )
         self.bias = None
         self.out_features = weight.shape[0]
-        rows = rows or (lambda a, b: weight[a:b])
-        parts = [
-            _quantize_rows(rows(i, min(i + self.BLOCK, self.out_features)), 63)
-            for i in range(0, self.out_features, self.BLOCK)
-        ]
-        self.inner = Int8Linear.__new__(Int8Linear)  # per row, packed from the blocks' int8 rows
-        nn.Module.__init__(self.inner)
-        q, scale = torch.cat([q for q, _ in parts]), torch.cat([sc for _, sc in parts])
-        self.inner.packed = _prepack(q, scale, None)
-        self.inner.bias, self.inner.per_row, self.inner.out_features = None, True, self.out_features
+        self.inner = Int8Linear(weight, None, per_row=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.inner(x)

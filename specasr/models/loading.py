@@ -264,7 +264,7 @@ def load_pair(
     can move the acceptance rate, never the transcript.
     compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
     (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
-    own, against which exact mode stays exact) or "auto"."""
+    own that decodes autoregressively only) or "auto"."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     if draft == "default":

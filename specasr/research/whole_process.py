@@ -93,6 +93,10 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int) -> list[Row]:
     rows = [
         Row("specasr transcribe --mode exact", [*cli, "--mode", "exact"]),
         Row("specasr transcribe --mode autoregressive", [*cli, "--mode", "autoregressive"]),
+        Row(
+            "specasr transcribe --mode autoregressive --compute-type int8",
+            [*cli, "--mode", "autoregressive", "--compute-type", "int8"],
+        ),
     ]
     if fw_dir is not None:
         for ct in ("float32", "int8"):

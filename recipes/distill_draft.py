@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specasr.models.draft import DistilledDraft
+from specasr.models.draft import DistilledDraft, load_draft
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus", ".sph", ".webm"}
 WINDOW = 16000 * 30
@@ -54,7 +54,8 @@ class DistillOptions:
     timestamps_share: float = 0.5  # windows labelled with timestamps
     prompt_share: float = 0.3  # sequences given a <|startofprev|> prompt
     holdout: float = 0.05  # windows kept out of training for the agreement score
-    language: str | None = "en"  # None: detect per window
+    language: str | None = "en"  # None: detect per window; a corpus.jsonl naming languages wins
+    init: str | None = None  # a draft file (or packaged:NAME) to start from instead of target layers
     label_batch: int = 8
     checkpoint_every: int = 50
     seed: int = 0
@@ -76,8 +77,9 @@ def audio_files(root: str | Path) -> list[Path]:
     return files
 
 
-def _windows(files: list[Path], limit: int | None):
-    """Yields (name, samples ≤ 30 s) per window; unreadable files are reported and skipped."""
+def _windows(files: list[Path], limit: int | None, languages: dict[Path, str] | None = None):
+    """Yields (name, samples ≤ 30 s, language or None) per window; unreadable files are
+    reported and skipped. languages: a file's language, where its corpus names one."""
     from specasr.audio import AudioError, load_audio
 
     n = 0
@@ -90,7 +92,7 @@ def _windows(files: list[Path], limit: int | None):
         for i in range(0, max(len(audio), 1), WINDOW):
             piece = audio[i : i + WINDOW]
             if len(piece) >= 16000:
-                yield f"{f.name}@{i // 16000}", piece
+                yield f"{f.name}@{i // 16000}", piece, (languages or {}).get(f)
                 n += 1
                 if limit is not None and n >= limit:
                     return
@@ -110,8 +112,12 @@ def _batches(items, size: int):
 
 
 @torch.inference_mode()
-def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Path]:
-    """Stage 1; writes work/labels/NNNNN.pt shards {names, states [b,1500,d] fp16, tokens, timestamps}."""
+def label(
+    pair, files: list[Path], work: Path, opts: DistillOptions, languages: dict[Path, str] | None = None
+) -> list[Path]:
+    """Stage 1; writes work/labels/NNNNN.pt shards {names, states [b,1500,d] fp16, tokens,
+    languages, timestamps}. A window's language is `languages[file]` when given (a
+    multilingual corpus says what each window speaks), else opts.language, else detected."""
     from specasr.decode.loop import decode_states
     from specasr.features import log_mel_window, pad_or_trim
     from specasr.options import DecodeOptions
@@ -121,25 +127,33 @@ def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Pat
     rng = random.Random(opts.seed)
     shards, dropped = [], 0
     for i, batch in enumerate(
-        tqdm(_batches(_windows(files, opts.max_windows), opts.label_batch), desc="label", unit="batch")
+        tqdm(
+            _batches(_windows(files, opts.max_windows, languages), opts.label_batch),
+            desc="label",
+            unit="batch",
+        )
     ):
         ts = rng.random() < opts.timestamps_share  # drawn for every batch, so resumes see the same flags
         shard = out / f"{i:05d}.pt"
         shards.append(shard)
         if shard.is_file():
             continue
-        audio = torch.stack([pad_or_trim(torch.as_tensor(a)) for _, a in batch])  # [b, 480000]
+        audio = torch.stack([pad_or_trim(torch.as_tensor(a)) for _, a, _ in batch])  # [b, 480000]
         mel = log_mel_window(audio, pair.n_mels)
         states, _ = pair.encode(mel)
-        dec = DecodeOptions(
-            mode="autoregressive", timestamps=ts, language=opts.language, max_new_tokens=opts.max_new_tokens
-        )
-        if opts.language is None:  # one row at a time: rows may detect different languages
-            results = [
-                res for r in range(len(batch)) for res in decode_states(pair, states[r : r + 1], None, dec)
-            ]
-        else:
-            results = decode_states(pair, states, None, dec)
+        langs = [lang or opts.language for _, _, lang in batch]
+        results = [None] * len(batch)
+        for lang in dict.fromkeys(langs):  # rows of one language decode together
+            rows = [r for r, x in enumerate(langs) if x == lang]
+            dec = DecodeOptions(
+                mode="autoregressive", timestamps=ts, language=lang, max_new_tokens=opts.max_new_tokens
+            )
+            if lang is None:  # one row at a time: rows may detect different languages
+                outs = [res for r in rows for res in decode_states(pair, states[r : r + 1], None, dec)]
+            else:
+                outs = decode_states(pair, states[rows], None, dec)
+            for r, res in zip(rows, outs):
+                results[r] = res
         keep = [r for r, res in enumerate(results) if 0 < len(res.tokens) < opts.max_new_tokens - 1]
         dropped += len(batch) - len(keep)
         record = {
@@ -158,8 +172,11 @@ def label(pair, files: list[Path], work: Path, opts: DistillOptions) -> list[Pat
 
 
 # ---- stage 2: vocabulary and teacher distributions --------------------------------------
-def choose_vocabulary(pair, token_lists: list[list[int]], size: int) -> torch.Tensor:
-    """Sorted ids: eot + timestamps + the most frequent label tokens + the lowest BPE ids."""
+def choose_vocabulary(
+    pair, token_lists: list[list[int]], size: int, prefer: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Sorted ids: eot + timestamps + the most frequent label tokens + `prefer` (e.g. the
+    vocabulary of the draft training starts from, lowest ids first) + the lowest BPE ids."""
     tok, V = pair.tokenizer, pair.vocab_size
     if size == 0:
         return torch.arange(V)
@@ -171,12 +188,43 @@ def choose_vocabulary(pair, token_lists: list[list[int]], size: int) -> torch.Te
         if len(chosen) >= size:
             break
         chosen.add(t)
+    for t in sorted(prefer.tolist()) if prefer is not None else ():
+        if len(chosen) >= size:
+            break
+        if t < tok.eot and t not in suppressed:
+            chosen.add(t)
     t = 0
     while len(chosen) < size and t < tok.eot:
         if t not in suppressed:
             chosen.add(t)
         t += 1
     return torch.tensor(sorted(chosen))
+
+
+def _init_vocabulary(init: str | None) -> torch.Tensor | None:
+    """The vocabulary of the draft file `init` names (what it learned to propose), or None."""
+    if not init:
+        return None
+    from safetensors import safe_open
+
+    from specasr.models.loading import draft_path
+
+    path = draft_path(init)
+    if path is None:
+        raise FileNotFoundError(f"--init {init!r} is not a specasr draft file")
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor("vocab_ids").long()
+
+
+def coverage_by_language(records: list[dict], vocab: set[int]) -> dict[str, float]:
+    """Label language -> share of its label tokens the draft vocabulary holds (every
+    uncovered token is a rejection)."""
+    hit, seen = Counter(), Counter()
+    for rec in records:
+        for lang, toks in zip(rec["languages"], rec["tokens"]):
+            hit[lang] += sum(t in vocab for t in toks)
+            seen[lang] += len(toks)
+    return {lang: hit[lang] / seen[lang] for lang in sorted(seen, key=str) if seen[lang]}
 
 
 @dataclass
@@ -310,7 +358,18 @@ def train(pair, states, examples: list[Example], vocab_ids, work: Path, opts: Di
     torch.manual_seed(opts.seed)
     n_layers = pair.target.config.decoder_layers
     layers = tuple(i % n_layers for i in opts.layers)
-    draft = DistilledDraft.from_target(pair.target, layers, vocab_ids).float().to(pair.device)
+    if opts.init:  # continue from a trained draft's layers, over this run's vocabulary
+        from specasr.models.loading import draft_path
+
+        path = draft_path(opts.init)
+        if path is None:
+            raise FileNotFoundError(f"--init {opts.init!r} is not a specasr draft file")
+        draft = load_draft(path, pair.target, torch.float32, pair.device)
+        draft.requires_grad_(True)
+        draft.vocab_ids = vocab_ids.long().to(pair.device)
+        draft.meta = {"init_layers": draft.meta["init_layers"]}
+    else:
+        draft = DistilledDraft.from_target(pair.target, layers, vocab_ids).float().to(pair.device)
     target_f32 = pair.target if pair.dtype == torch.float32 else None
     draft.attach(target_f32 or pair.target)  # shared tensors stay frozen (the target needs no grad)
     if target_f32 is None:  # train in fp32 against fp32 copies of the shared tensors
@@ -394,20 +453,33 @@ def distill(
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     (work / "options.json").write_text(json.dumps(asdict(opts), indent=1))
-    shards = label(pair, audio_files(audio_dir), work, opts)
+    from specasr.recipes.speech_corpus import window_languages
+
+    files = audio_files(audio_dir)
+    named = {Path(audio_dir) / rel: lang for rel, lang in window_languages(audio_dir).items()}
+    if named:
+        log(f"window languages from the corpus: {dict(Counter(named[f] for f in files if f in named))}")
+    shards = label(pair, files, work, opts, named)
     if stop_after == "label":
         return {"shards": len(shards)}
     records = [torch.load(s) for s in shards]  # loaded once: they hold the encoder states
     token_lists = [t for r in records for t in r["tokens"]]
+    label_langs = Counter(x for r in records for x in r["languages"] if x)
     if not token_lists:
         raise RuntimeError("no usable windows: every window was unreadable or looped")
-    vocab_ids = choose_vocabulary(pair, token_lists, opts.vocab)
+    vocab_ids = choose_vocabulary(pair, token_lists, opts.vocab, _init_vocabulary(opts.init))
     vocab_set = set(vocab_ids.tolist())
     covered = sum(t in vocab_set for toks in token_lists for t in toks)
     coverage = covered / max(1, sum(map(len, token_lists)))
+    by_lang = coverage_by_language(records, vocab_set)
     log(
         f"{len(token_lists)} windows, {sum(map(len, token_lists))} label tokens; "
         f"draft vocabulary {len(vocab_ids)} covers {coverage:.2%} of them"
+        + (
+            "; by language " + ", ".join(f"{k} {v:.1%}" for k, v in by_lang.items())
+            if len(by_lang) > 1
+            else ""
+        )
     )
     key = {
         "shards": len(shards),
@@ -428,7 +500,15 @@ def distill(
         return {"examples": len(examples)}
     draft, history = train(pair, states, examples, vocab_ids, work, opts, log)
     recipe = {k: v for k, v in asdict(opts).items() if k not in ("checkpoint_every",)}
+    if label_langs:  # what the labels speak: the loop's backoff starts target-only on the rest
+        recipe["language"] = ",".join(sorted(label_langs))
     draft.save(out, target=pair.target_name, recipe=json.dumps(recipe))
-    summary = {"windows": len(token_lists), "coverage": coverage, "vocab": len(vocab_ids), "history": history}
+    summary = {
+        "windows": len(token_lists),
+        "coverage": coverage,
+        "coverage_by_language": by_lang,
+        "vocab": len(vocab_ids),
+        "history": history,
+    }
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

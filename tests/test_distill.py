@@ -59,6 +59,11 @@ def test_vocabulary_keeps_eot_timestamps_and_frequent_tokens(base_pair):
     assert {tok.eot, 440, 9999, 30000} <= set(ids)
     assert set(range(tok.timestamp_begin, base_pair.vocab_size)) <= set(ids)
     assert not set(base_pair.suppress_tokens) & set(ids)
+    # continuing from a draft: its vocabulary fills what the labels leave, before the lowest ids
+    prefer = torch.tensor([40000, 30001, 2, base_pair.suppress_tokens[-1]])
+    kept = set(choose_vocabulary(base_pair, labels, 2048, prefer).tolist())
+    assert {40000, 30001, 2} <= kept and base_pair.suppress_tokens[-1] not in kept
+    assert 40000 not in ids and len(kept) == 2048
 
 
 @pytest.mark.slow
@@ -96,3 +101,44 @@ def test_distill_end_to_end_resumes_and_yields_an_exact_draft(base_pair, tmp_pat
     ar = transcribe_clip(pair, str(EXAMPLE), replace(opts, mode="autoregressive"))
     sp = transcribe_clip(pair, str(EXAMPLE), opts)
     assert sp.tokens == ar.tokens and sp.stats.proposed > 0
+
+
+@pytest.mark.slow
+def test_distill_labels_each_window_in_its_corpus_language_and_can_start_from_a_draft(base_pair, tmp_path):
+    """A corpus.jsonl naming languages sets each window's label language (the labels are
+    transcripts in it, not translations to English); --init starts from a trained draft's
+    layers over this run's vocabulary, and the file records the languages it trained on."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from specasr.models.loading import load_draft, packaged_draft
+
+    audio_dir = tmp_path / "audio"
+    (audio_dir / "src").mkdir(parents=True)
+    shutil.copy(EXAMPLE, audio_dir / "src" / "a.wav")
+    shutil.copy(EXAMPLE, audio_dir / "src" / "b.wav")
+    (audio_dir / "corpus.jsonl").write_text(
+        json.dumps({"id": "a", "path": "src/a.wav", "language": "fr"})
+        + "\n"
+        + json.dumps({"id": "b", "path": "src/b.wav", "language": "en"})
+        + "\n"
+    )
+    opts = DistillOptions(
+        epochs=1, batch_size=2, holdout=0.5, label_batch=2, vocab=2048, lr=0.0, init="packaged:base"
+    )
+    out, work = tmp_path / "d.safetensors", tmp_path / "work"
+    summary = distill(base_pair, audio_dir, out, work, opts, log=lambda _: None)
+    record = torch.load(work / "labels" / "00000.pt")
+    assert record["languages"] == ["fr", "en"]
+    assert record["tokens"][0] != record["tokens"][1]  # same audio, labelled in two languages
+    assert set(summary["coverage_by_language"]) == {"fr", "en"}
+    draft = load_draft(out, base_pair.target, torch.float32, torch.device("cpu"))
+    assert draft.languages == ("en", "fr") and len(draft.vocab_ids) == 2048
+    mine, shipped = load_file(str(out)), load_file(str(packaged_draft("base")))
+    layer_keys = [k for k in shipped if k != "vocab_ids"]
+    assert layer_keys and all(torch.equal(mine[k], shipped[k]) for k in layer_keys)  # lr 0: the init, kept
+    with pytest.raises(FileNotFoundError, match="not a specasr draft"):
+        distill(
+            base_pair, audio_dir, out, tmp_path / "w2", replace(opts, init=str(EXAMPLE)), log=lambda _: None
+        )

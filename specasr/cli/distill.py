@@ -17,7 +17,20 @@ def distill() -> None:
 
 @distill.command()
 @click.argument("out_dir", type=click.Path(file_okay=False))
-@click.option("--windows", type=int, default=1500, show_default=True, help="30 s windows to synthesise.")
+@click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    help="Real or multilingual speech: asterisk:{en,es,fr,it,ru}, fillets:{cs,nl} or espeak:LANG "
+    "(repeatable). Writes OUT_DIR/train and OUT_DIR/heldout, held out by prompt, level and voice. "
+    "Without it: English TTS windows.",
+)
+@click.option(
+    "--windows",
+    type=int,
+    default=None,
+    help="Windows to write: in all for TTS (default 1500), per source and split with --source (default 60).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True)
 @click.option(
@@ -27,12 +40,28 @@ def distill() -> None:
     default=None,
     help="Transcripts file ('<id> <text>' lines) whose texts must not be spoken (held-out test sets).",
 )
-def corpus(out_dir, windows, seed, workers, exclude_file):
-    """Synthesise English training audio from Debian's TTS voices into OUT_DIR (resumable)."""
+def corpus(out_dir, sources, windows, seed, workers, exclude_file):
+    """Write training audio into OUT_DIR (resumable): English TTS, or the --source speech."""
     from tqdm import tqdm
+
+    if sources:
+        from specasr.recipes.speech_corpus import SpeechCorpusOptions, make_speech_corpus
+
+        try:
+            opts = SpeechCorpusOptions(sources=tuple(sources), windows=windows or 60, seed=seed)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--source") from None
+        try:
+            with tqdm(desc="corpus", unit="window") as bar:
+                make_speech_corpus(out_dir, opts, bar.update)
+        except RuntimeError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        return
 
     from specasr.recipes.tts_corpus import CorpusOptions, make_corpus
 
+    windows = windows or 1500
     exclude = []
     if exclude_file:
         with open(exclude_file) as f:
@@ -68,7 +97,15 @@ def _layers(value: str) -> tuple[int, ...]:
 @click.option("--epochs", type=int, default=6, show_default=True)
 @click.option("--batch-size", type=int, default=16, show_default=True)
 @click.option("--lr", type=float, default=5e-4, show_default=True)
-@click.option("--language", default="en", show_default=True, help="Label language ('auto': detect).")
+@click.option(
+    "--language",
+    default="en",
+    show_default=True,
+    help="Label language ('auto': detect). A corpus.jsonl that names each window's language wins.",
+)
+@click.option(
+    "--init", default=None, help="Start from this draft (a file or packaged:NAME), not target layers."
+)
 @click.option("--max-windows", type=int, default=None, help="Use at most this many windows.")
 @click.option(
     "--stop-after", type=click.Choice(["label", "teacher", "train"]), default="train", show_default=True
@@ -86,6 +123,7 @@ def train(
     batch_size,
     lr,
     language,
+    init,
     max_windows,
     stop_after,
     seed,
@@ -105,6 +143,7 @@ def train(
             batch_size=batch_size,
             lr=lr,
             language=None if language == "auto" else language,
+            init=init,
             max_windows=max_windows,
             seed=seed,
         )

@@ -174,7 +174,7 @@ def packaged_draft(name: str) -> Path:
     return path
 
 
-def _draft_file(spec: str | None) -> Path | None:
+def draft_path(spec: str | None) -> Path | None:
     """The draft file a spec names: `packaged:NAME`, or a path to a specasr draft file."""
     if spec is None:
         return None
@@ -274,7 +274,7 @@ def load_pair(
     compute_type = resolve_compute_type(compute_type, dev, dtype, speculative=draft is not None)
     t_model, tok = _load_spec(target, dtype, dev, pack=compute_type != "int8")
     d_model = None
-    draft_file = _draft_file(draft)
+    draft_file = draft_path(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
         d_model = load_draft(draft_file, t_model, dtype, dev)
         if draft_int8 is None:

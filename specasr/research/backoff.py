@@ -61,7 +61,28 @@ SENTENCES = {
         "Amanhã vamos viajar para o litoral com toda a família.",
         "Por favor, desligue as luzes antes de sair do escritório.",
     ],
+    "ja": [
+        "今日はとても良い天気なので、午後は公園を散歩しましょう。",
+        "すみません、駅までの道を教えていただけますか。",
+        "明日の会議は午後三時から第二会議室で始まります。",
+    ],
+    "zh": [
+        "今天天气很好，我们下午去公园散步吧。",
+        "请问去火车站应该怎么走？",
+        "明天下午三点在二号会议室开会。",
+    ],
+    "hi": [
+        "आज मौसम बहुत अच्छा है, चलो दोपहर में पार्क में घूमने चलते हैं।",
+        "कृपया मुझे रेलवे स्टेशन का रास्ता बताइए।",
+        "कल की बैठक दोपहर तीन बजे शुरू होगी।",
+    ],
+    "ar": [
+        "الطقس جميل جدا اليوم، لنذهب إلى الحديقة بعد الظهر.",
+        "من فضلك، كيف أصل إلى محطة القطار؟",
+        "سيبدأ الاجتماع غدا في الساعة الثالثة بعد الظهر.",
+    ],
 }
+ESPEAK_VOICE = {"zh": "cmn"}  # where espeak-ng names the voice otherwise than Whisper the language
 
 
 def synthesise(lang: str, out_dir: Path) -> list[Path]:
@@ -72,7 +93,9 @@ def synthesise(lang: str, out_dir: Path) -> list[Path]:
     paths = []
     for i, text in enumerate(SENTENCES[lang]):
         path = out_dir / f"{lang}-{i}.wav"
-        subprocess.run([exe, "-v", lang, "-s", "150", "-w", str(path), text], check=True)
+        subprocess.run(
+            [exe, "-v", ESPEAK_VOICE.get(lang, lang), "-s", "150", "-w", str(path), text], check=True
+        )
         paths.append(path)
     return paths
 

@@ -1,11 +1,13 @@
 """Choosing γ and the draft-confidence stop (`DecodeOptions.draft_stop`) from data.
 
     python -m specasr.research.stop_sweep [AUDIO_OR_SHARDS...] [--held-out WORK]
-        [--model base --draft default]
+        [--corpus CORPUS/heldout] [--model base --draft default]
 
 Inputs are audio files, label shards of `specasr distill` (work/labels/*.pt), or with
 `--held-out` a distill work directory: the windows its training held out (the same split,
-`recipes.distill_draft.split_examples`), with the prompts the teacher stage drew. A choice
+`recipes.distill_draft.split_examples`), with the prompts the teacher stage drew, or with
+`--corpus` the held-out split of a multilingual corpus (whole prompts, levels and voices
+held out, `recipes/speech_corpus.py`), each window in the language its corpus names. A choice
 made on windows the draft never trained on is the point: on its training windows a draft
 agrees more, and the sweep would favour longer runs than real speech pays for.
 
@@ -181,6 +183,14 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
     default=None,
     help="A `specasr distill` work directory: add the windows its training held out.",
 )
+@click.option(
+    "--corpus",
+    "corpora",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A held-out split of `specasr distill corpus --source …`: its windows, each in its language.",
+)
+@click.option("--per-source", type=int, default=20, show_default=True, help="Windows per --corpus source.")
 @click.option("--model", default="base", show_default=True)
 @click.option("--draft", default="default", show_default=True)
 @click.option("--gammas", default="2,3,4,5,6,7", show_default=True)
@@ -190,14 +200,16 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
     "--verify", default=None, help="v(k) as 1:1,2:1.27,… (default: measure, as speedup_bench does)."
 )
 @click.option("--device", default="cpu", show_default=True)
-def main(inputs, work, model, draft, gammas, thresholds, c_given, verify, device) -> None:
+def main(
+    inputs, work, corpora, per_source, model, draft, gammas, thresholds, c_given, verify, device
+) -> None:
     """Replays the speculative loop over INPUTS (and --held-out windows) for each γ and stop threshold."""
     from specasr.models.loading import load_pair
     from specasr.research.bench import file_mels
     from specasr.research.speedup import step_costs
 
-    if not inputs and work is None:
-        raise click.UsageError("give audio files or label shards, or --held-out WORK")
+    if not inputs and work is None and not corpora:
+        raise click.UsageError("give audio files or label shards, --held-out WORK or --corpus SPLIT")
     missing = [f for f in ("teacher.pt", "options.json") if work is not None and not (work / f).is_file()]
     if missing:
         raise click.BadParameter(
@@ -219,6 +231,11 @@ def main(inputs, work, model, draft, gammas, thresholds, c_given, verify, device
         from_audio(pair, audio, log=lambda m: click.echo(m, err=True)) if audio else []
     )
     windows += from_work(pair, work) if work is not None else []
+    for split in corpora:
+        from specasr.research.languages import corpus_groups
+
+        for lang, files in corpus_groups(split, per_source).values():
+            windows += from_audio(pair, files, lang, log=lambda m: click.echo(m, err=True))
     if c_given is None or verify is None:
         # timed on the bundled example: a pass's cost does not depend on what is said
         costs = step_costs(pair, file_mels(pair, [_example()])[0], ks=tuple(range(1, max(gs) + 2)))

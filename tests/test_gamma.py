@@ -103,12 +103,16 @@ def test_backoff_returns_when_the_draft_starts_agreeing():
 
 
 def test_backoff_starts_target_only_for_an_untrained_language():
-    p = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True)
+    p = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True, untrained_wait=6)
     assert _trace(p, lambda g: g, 6) == [0] * 6  # then a probe that accepts everything …
     assert _trace(p, lambda g: g, 10) == [7] * 10  # … brings speculation back
-    q = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True)
+    q = BackoffGamma(FixedGamma(7), CPU_COST, probe_after=6, untrained=True, untrained_wait=6)
     assert _zero_runs(_trace(q, lambda g: 1, 40))[:2] == [6, 12]  # a poor draft stays mostly off
     assert make_policy("auto", 7, 16, "cpu", untrained=True).untrained
+    # by default the first probe waits probe_max steps: a short window in a language the
+    # draft never saw decodes target-only throughout, as autoregressive decoding does
+    d = BackoffGamma(FixedGamma(7), CPU_COST, probe_max=40, untrained=True)
+    assert _zero_runs(_trace(d, lambda g: 1, 100))[:2] == [40, 40]
 
 
 def test_backoff_break_even_follows_the_cost_curve():

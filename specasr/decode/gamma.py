@@ -198,8 +198,9 @@ class BackoffGamma(GammaPolicy):
     A batch counts its least-accepting row, as the loop reports it.
 
     untrained: the draft was not trained on this decode's language (a distilled draft's
-    recipe names its languages). Then it starts target-only, with a prior of α = 0 worth
-    `untrained_prior` tokens, and lets the probes show otherwise."""
+    recipe names its languages). Then it starts target-only for `untrained_wait` steps
+    (default `probe_max`), with a prior of α = 0 worth `untrained_prior` tokens, and lets
+    the probes show otherwise."""
 
     inner: GammaPolicy
     cost: SpeculationCost
@@ -208,6 +209,9 @@ class BackoffGamma(GammaPolicy):
     # for the language costs more than a late true one, so it waits for a few passes
     min_evidence: float = 10.0
     untrained_prior: float = 4.0  # untrained: α = 0 worth this many judged tokens
+    # untrained: target-only steps before the first probe (None: probe_max). A probe the
+    # draft fails costs about one target step, so short windows should not pay for two
+    untrained_wait: int | None = None
     probe_after: int = 16  # target-only steps before the first probe
     probe_max: int = 64  # the longest wait between probes
     decay: float = 0.9  # per pass, on the counts
@@ -221,8 +225,9 @@ class BackoffGamma(GammaPolicy):
 
     def __post_init__(self) -> None:
         if self.untrained:
-            self._tries, self._off = self.untrained_prior, self.probe_after
-            self._wait = min(2 * self.probe_after, self.probe_max)  # as after one failed decision
+            first = self.probe_max if self.untrained_wait is None else self.untrained_wait
+            self._tries, self._off = self.untrained_prior, first
+            self._wait = min(2 * first, self.probe_max)  # as after one failed decision
 
     @property
     def alpha(self) -> float:

@@ -149,3 +149,16 @@ def test_a_corpus_languages_file_is_read_relative_to_its_split(tmp_path):
     )
     assert sc.window_languages(tmp_path) == {"src/a.wav": "cs"}
     assert sc.window_languages(tmp_path / "nothing") == {}
+
+
+def test_augmentation_keeps_length_and_adds_a_decaying_room_tail():
+    x = np.zeros(16000, np.float32)
+    x[100] = 1.0  # an impulse: the output is the dry impulse plus the room's response
+    y = sc._reverb(x, np.random.default_rng(0))
+    assert y.shape == x.shape and np.isfinite(y).all()
+    tail = np.abs(y[200:])
+    assert tail[:1600].mean() > 10 * tail[-1600:].mean() > 0  # the tail decays (RT60 ≤ 0.6 s)
+    assert np.abs(y[:100]).max() < 1e-5  # causal: nothing before the impulse (FFT rounding aside)
+    opts = sc.SpeechCorpusOptions(noise_share=0.0, reverb_share=1.0, speed_share=1.0, max_seconds=3.0)
+    w = sc.render_window([_tone(1.0, 300), _tone(1.0, 500)], seed=4, opts=opts)
+    assert w.dtype == np.float32 and 1.5 * 16000 < len(w) <= 3 * 16000 and np.abs(w).max() <= 1.0

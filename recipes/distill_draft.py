@@ -201,18 +201,23 @@ def choose_vocabulary(
     return torch.tensor(sorted(chosen))
 
 
+def _init_file(init: str) -> Path:
+    """The draft file `--init` names (a path or packaged:NAME)."""
+    from specasr.models.loading import draft_path
+
+    path = draft_path(init)
+    if path is None:
+        raise FileNotFoundError(f"--init {init!r} is not a specasr draft file")
+    return path
+
+
 def _init_vocabulary(init: str | None) -> torch.Tensor | None:
     """The vocabulary of the draft file `init` names (what it learned to propose), or None."""
     if not init:
         return None
     from safetensors import safe_open
 
-    from specasr.models.loading import draft_path
-
-    path = draft_path(init)
-    if path is None:
-        raise FileNotFoundError(f"--init {init!r} is not a specasr draft file")
-    with safe_open(str(path), "pt") as f:
+    with safe_open(str(_init_file(init)), "pt") as f:
         return f.get_tensor("vocab_ids").long()
 
 
@@ -359,12 +364,7 @@ def train(pair, states, examples: list[Example], vocab_ids, work: Path, opts: Di
     n_layers = pair.target.config.decoder_layers
     layers = tuple(i % n_layers for i in opts.layers)
     if opts.init:  # continue from a trained draft's layers, over this run's vocabulary
-        from specasr.models.loading import draft_path
-
-        path = draft_path(opts.init)
-        if path is None:
-            raise FileNotFoundError(f"--init {opts.init!r} is not a specasr draft file")
-        draft = load_draft(path, pair.target, torch.float32, pair.device)
+        draft = load_draft(_init_file(opts.init), pair.target, torch.float32, pair.device)
         draft.requires_grad_(True)
         draft.vocab_ids = vocab_ids.long().to(pair.device)
         draft.meta = {"init_layers": draft.meta["init_layers"]}

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from specasr.recipes.tts_corpus import coloured, mix_at_snr
 
 RATE = 16000
 ASTERISK = Path("/usr/share/asterisk/sounds")
@@ -196,15 +197,6 @@ def _espeak(text: str, lang: str, variant: str, rng: random.Random, tmp: Path) -
     return load_audio(out)
 
 
-def _noise(n: int, rng: np.random.Generator) -> np.ndarray:
-    white = rng.standard_normal(n).astype(np.float32)
-    if rng.random() < 0.5:
-        return white
-    brown = np.cumsum(white)
-    brown -= np.convolve(brown, np.ones(801) / 801, mode="same")
-    return (brown / (brown.std() + 1e-9)).astype(np.float32)
-
-
 def _reverb(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """A synthetic room: exponentially decaying noise, RT60 0.15–0.6 s, mixed with the dry
     signal (direct-to-reverberant ratio 0–10 dB)."""
@@ -239,8 +231,8 @@ def render_window(parts: list[np.ndarray], seed: int, opts: SpeechCorpusOptions)
     x = x[: int(opts.max_seconds * RATE)]
     if rng.random() < opts.noise_share:
         snr = rng.uniform(10, 40)
-        power = float(np.mean(x**2)) or 1e-6
-        x = x + _noise(len(x), rng) * np.sqrt(power / 10 ** (snr / 10))
+        white = rng.standard_normal(len(x)).astype(np.float32)
+        x = mix_at_snr(x, coloured(white, "white" if rng.random() < 0.5 else "brown"), snr)
     return np.clip(x, -1, 1).astype(np.float32)
 
 
@@ -264,7 +256,7 @@ def plan_windows(utts: list[Utterance], seconds: list[float], rng: random.Random
     return windows[: opts.windows]
 
 
-def _duration(u: Utterance, lang: str) -> float:
+def _duration(u: Utterance) -> float:
     import soundfile as sf
 
     if u.audio is not None:
@@ -293,13 +285,11 @@ def make_speech_corpus(out_dir: str | Path, opts: SpeechCorpusOptions, progress=
         for split in ("train", "heldout"):
             mine = [u for u in utts if held_out(source, u.group, opts.holdout) == (split == "heldout")]
             rng = random.Random(f"{opts.seed}:{source}:{split}")
-            plan = plan_windows(mine, [_duration(u, lang) for u in mine], rng, opts)
+            plan = plan_windows(mine, [_duration(u) for u in mine], rng, opts)
             folder = out / split / tag
             folder.mkdir(parents=True, exist_ok=True)
             manifest = out / split / "corpus.jsonl"
-            done = set()
-            if manifest.is_file():
-                done = {json.loads(x)["id"] for x in manifest.read_text().splitlines() if x.strip()}
+            done = {r["id"] for r in read_manifest(out / split)}
             with manifest.open("a") as log, tempfile.TemporaryDirectory(prefix="specasr-corpus-") as tmp:
                 for w, idx in enumerate(plan):
                     wid = f"{tag}-{w:05d}"
@@ -340,15 +330,14 @@ def make_speech_corpus(out_dir: str | Path, opts: SpeechCorpusOptions, progress=
     return out
 
 
+def read_manifest(split: str | Path) -> list[dict]:
+    """The records of split/corpus.jsonl (none when it is absent), in order."""
+    manifest = Path(split) / "corpus.jsonl"
+    if not manifest.is_file():
+        return []
+    return [json.loads(x) for x in manifest.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
 def window_languages(audio_dir: str | Path) -> dict[str, str]:
     """Relative path -> language, from audio_dir/corpus.jsonl when it names languages."""
-    manifest = Path(audio_dir) / "corpus.jsonl"
-    if not manifest.is_file():
-        return {}
-    out = {}
-    for line in manifest.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("language") and rec.get("path"):
-                out[rec["path"]] = rec["language"]
-    return out
+    return {r["path"]: r["language"] for r in read_manifest(audio_dir) if r.get("language") and r.get("path")}

@@ -186,13 +186,19 @@ def _synth(text: str, rng: random.Random, shares: tuple[float, float], tmp: Path
     return (audio / peak * rng.uniform(0.2, 0.9)).astype(np.float32), desc
 
 
-def _noise(n: int, rng: np.random.Generator, kind: str) -> np.ndarray:
-    white = rng.standard_normal(n).astype(np.float32)
+def coloured(white: np.ndarray, kind: str) -> np.ndarray:
+    """White noise as it is ("white"), or integrated and detrended to unit-variance brown noise."""
     if kind == "white":
         return white
     brown = np.cumsum(white)
     brown -= np.convolve(brown, np.ones(801) / 801, mode="same")  # remove the drift
     return (brown / (brown.std() + 1e-9)).astype(np.float32)
+
+
+def mix_at_snr(x: np.ndarray, noise: np.ndarray, snr_db: float) -> np.ndarray:
+    """x plus unit-variance `noise` scaled to `snr_db` below x's power."""
+    power = float(np.mean(x**2)) or 1e-6
+    return x + noise * np.sqrt(power / 10 ** (snr_db / 10))
 
 
 def _window(job: tuple[int, list[str], int, CorpusOptions, str]) -> dict:
@@ -226,9 +232,9 @@ def _window(job: tuple[int, list[str], int, CorpusOptions, str]) -> dict:
     samples = np.concatenate(parts)[: int(WINDOW_S * RATE)]
     if nrng.random() < opts.noise_share:
         snr = nrng.uniform(10, 40)
-        noise = _noise(len(samples), nrng, "white" if nrng.random() < 0.5 else "brown")
-        power = float(np.mean(samples**2)) or 1e-6
-        samples = samples + noise * np.sqrt(power / 10 ** (snr / 10))
+        kind = "white" if nrng.random() < 0.5 else "brown"
+        white = nrng.standard_normal(len(samples)).astype(np.float32)
+        samples = mix_at_snr(samples, coloured(white, kind), snr)
     samples = np.clip(samples, -1, 1)
     path = Path(out_dir) / f"w{index:06d}.wav"
     tmp_path = path.with_name(path.name + ".part")  # not an audio suffix: never picked up half-written

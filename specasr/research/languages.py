@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,11 +34,10 @@ from specasr.options import DecodeOptions
 
 def corpus_groups(split: Path, per_source: int) -> dict[str, tuple[str, list[Path]]]:
     """source -> (language, the first `per_source` window files), from split/corpus.jsonl."""
+    from specasr.recipes.speech_corpus import read_manifest
+
     groups: dict[str, tuple[str, list[Path]]] = {}
-    for line in (split / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in read_manifest(split):
         lang, files = groups.setdefault(rec["source"], (rec["language"], []))
         if len(files) < per_source:
             files.append(split / rec["path"])
@@ -94,7 +92,7 @@ def measure(pair, states, lang: str, repeats: int, **decode) -> dict:
 @click.argument("clips", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--clips-language", default="en", show_default=True, help="The language of CLIPS.")
 @click.option("--espeak", default="", help="Comma-separated languages to synthesise with espeak-ng.")
-@click.option("--repeats", type=int, default=2, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option(
     "--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write rows here."
 )
@@ -126,9 +124,6 @@ def main(
             row |= measure(pair, states, lang, repeats)
             rows.append(row)
             click.echo(json.dumps(row, ensure_ascii=False), err=True)
-    by_lang = defaultdict(list)
-    for r in rows:
-        by_lang[r["language"]].append(r)
     click.echo(
         f"\n{model} + {pair.draft_name}; decoder phase, median of {repeats}; exact = default γ policy\n"
     )

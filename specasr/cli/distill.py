@@ -159,3 +159,35 @@ def train(
         click.echo(f"wrote {out_file}: {json.dumps(summary['history'][-1])}")
     else:
         click.echo(json.dumps(summary))
+
+
+@distill.command()
+@click.argument("draft")
+@click.option(
+    "--hf",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output directory (new or empty).",
+)
+@click.option("--model", default=None, help="Target whose embeddings it borrows (default: the draft's own).")
+def export(draft, out_dir, model):
+    """Write DRAFT (a file or packaged:NAME) as a Hugging Face WhisperForCausalLM directory,
+    which transformers' generate(assistant_model=...) accepts."""
+    from specasr.models.hf_export import OFF_VOCAB, export_hf
+    from specasr.models.loading import draft_path
+
+    try:
+        path = draft_path(draft)
+        if path is None:
+            raise ValueError(f"{draft!r} is not a distilled draft (a .safetensors file or packaged:NAME)")
+        report = export_hf(path, model, out_dir)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    rows = (
+        f"the other tokens score -{OFF_VOCAB:g}"
+        if report.masked
+        else "its final LayerNorm cannot mask the other tokens: they keep the target's rows"
+    )
+    click.echo(f"wrote {report.out}: {report.layers} layers, proposes {report.vocab} tokens; {rows}")

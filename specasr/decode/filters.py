@@ -132,3 +132,20 @@ def build_filters(
 def apply_filters(filters: Sequence[LogitFilter], logits: Tensor, contexts: Sequence[Sequence[int]]) -> None:
     for f in filters:
         f.apply(logits, contexts)
+
+
+def static_masks(filters: Sequence[LogitFilter], vocab_size: int, device) -> tuple[Tensor, Tensor]:
+    """The chain as two masks [V] bool, for loops that keep contexts on the device
+    (`decode.graphed`): tokens always suppressed, and tokens suppressed at the first sampled
+    position only (`SuppressAtBegin`). Timestamp rules branch on the context's tokens, so a
+    chain with them has no such form (ValueError)."""
+    always = torch.zeros(vocab_size, dtype=torch.bool)
+    at_begin = torch.zeros(vocab_size, dtype=torch.bool)
+    for f in filters:
+        if isinstance(f, SuppressTokens):
+            always[f.ids] = True
+        elif isinstance(f, SuppressAtBegin):
+            at_begin[[t for t in f.ids if 0 <= t < vocab_size]] = True
+        else:
+            raise ValueError(f"{type(f).__name__} depends on the context's tokens: no static mask")
+    return always.to(device), at_begin.to(device)

@@ -1,0 +1,134 @@
+"""The capture-safe, device-side greedy loop (`decode.graphed`, issue 21): same tokens as the
+host loop, fixed pass shapes, and one host read per step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import with_self_draft
+from torch.utils._python_dispatch import TorchDispatchMode
+from toy import TOY_FRAMES, toy_pair
+
+from specasr.cpu.lean import LeanDecoder
+from specasr.decode import graphed
+from specasr.decode.graphed import GraphedGreedy, decode_graphed
+from specasr.decode.loop import decode
+from specasr.decode.task import Task
+from specasr.options import DecodeOptions
+
+MAX_NEW = 40
+AR = DecodeOptions(mode="autoregressive", max_new_tokens=MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Random models over a toy vocabulary whose next tokens vary with the context (random
+    models over Whisper's vocabulary repeat one token), drafted by the target's first layer:
+    it agrees often but not always, so steps accept different counts per row."""
+    return with_self_draft(toy_pair(seed=3), 1)
+
+
+def _mels(batch: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mel = torch.randn(3, 80, TOY_FRAMES, generator=g).flip(0) * 20  # [3, 80, frames]: rows that differ
+    return mel[:batch]  # at seed 0 the first row decodes 40 tokens, the others end sooner
+
+
+@pytest.fixture(params=["lean", "eager"])
+def runner_kind(request, monkeypatch):
+    """Both decoder forms: `LeanDecoder` (CPU fp32) and the model's own layers (CUDA's)."""
+    if request.param == "eager":
+        monkeypatch.setattr(LeanDecoder, "supports", staticmethod(lambda model: False))
+    return request.param
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3, 8])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_device_loop_gives_the_host_loops_greedy_tokens(tiny, runner_kind, gamma, batch):
+    mel = _mels(3)[:batch]
+    reference = decode(tiny, mel, AR)
+    target_states, draft_states = tiny.encode(mel)
+    tokens, state = decode_graphed(tiny, target_states, draft_states, AR, gamma)
+    assert tokens == [r.tokens for r in reference]
+    avg = (state.sum_logprob / torch.tensor([len(t) + 1 for t in tokens])).tolist()
+    assert avg == pytest.approx([r.avg_logprob for r in reference], abs=1e-4)
+    assert state.no_speech.tolist() == pytest.approx([r.no_speech_prob for r in reference], abs=1e-5)
+    if gamma:
+        assert 0 < state.accepted < state.proposed  # both paths: accepted drafts and rejections
+        if batch > 1 and gamma >= 3:  # rows accepted different counts in a step: ragged rows kept apart
+            assert any(len({n for n in step if n >= 0}) > 1 for step in state.history)
+
+
+def test_a_row_stops_at_its_token_limit(tiny):
+    short = DecodeOptions(mode="autoregressive", max_new_tokens=5)
+    reference = [r.tokens for r in decode(tiny, _mels(3), short)]
+    assert max(map(len, reference)) == 5  # the limit cut at least one row
+    target_states, draft_states = tiny.encode(_mels(3))
+    assert decode_graphed(tiny, target_states, draft_states, short, 8)[0] == reference
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that read a value back to the host or size an output by the data (each
+    a synchronisation on a GPU, and a capture error inside a CUDA graph)."""
+
+    SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "lift_fresh", "item")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(name in str(func) for name in self.SYNCING):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_reads_the_device_once_and_keeps_its_shapes(tiny, monkeypatch):
+    target_states, draft_states = tiny.encode(_mels(3))
+    task = Task.build(tiny, AR, "en", None)
+    loop = GraphedGreedy(tiny, AR, task, gamma=4)
+    state, target, draft = loop.start(target_states, draft_states)
+    shapes, tolist = set(), []
+    real_pass, real_tolist = graphed.fixed_pass, torch.Tensor.tolist
+    monkeypatch.setattr(
+        graphed, "fixed_pass", lambda r, t, p: shapes.add(tuple(t.shape)) or real_pass(r, t, p)
+    )
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: tolist.append(self.shape) or real_tolist(self))
+    steps = 0
+    with _HostReads() as spy:
+        while True:
+            steps += 1
+            host = loop.step(state, target, draft)
+            if all(host[3:]):
+                break
+    assert steps > 3
+    assert spy.seen == []  # no .item(), bool(tensor), nonzero or host-made tensor inside a step
+    assert len(tolist) == steps == state.reads  # the one read per step
+    assert shapes == {(3, 2), (3, 1), (3, 5)}  # draft T = 2, draft T = 1, target γ + 1: fixed
+
+
+def test_refuses_what_it_cannot_do_on_the_device(tiny):
+    task = Task.build(tiny, AR, "en", None)
+    with pytest.raises(ValueError, match="temperature 0"):
+        GraphedGreedy(tiny, DecodeOptions(mode="autoregressive", temperature=0.5), task, 0)
+    stamped = DecodeOptions(mode="autoregressive", timestamps=True)
+    with pytest.raises(ValueError, match="TimestampRules"):
+        GraphedGreedy(tiny, stamped, Task.build(tiny, stamped, "en", None), 0)
+
+
+@pytest.mark.slow
+def test_device_loop_with_the_packaged_draft_matches_the_host_loop(base_pair, librivox_mels):
+    from dataclasses import replace
+
+    from specasr.models.draft import load_draft
+    from specasr.models.loading import packaged_draft
+
+    draft = load_draft(packaged_draft("base"), base_pair.target, torch.float32, torch.device("cpu"))
+    pair = replace(base_pair, draft=draft.quantize_int8(), shared_encoder=True)
+    mel = torch.cat(list(librivox_mels.values())[:3])  # [3, 80, 3000]
+    opts = DecodeOptions(mode="autoregressive", language="en")
+    reference = [r.tokens for r in decode(pair, mel, opts)]
+    states, _ = pair.encode(mel)
+    tokens, state = decode_graphed(pair, states, states, opts, gamma=5)
+    assert tokens == reference
+    assert state.accepted / state.proposed > 0.5  # a real draft: most proposals are kept

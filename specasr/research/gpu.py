@@ -1,0 +1,241 @@
+"""The decoder phase across loops and batch sizes, for a lent GPU (issue 21).
+
+    python -m specasr.research.gpu --device cuda --batch 1,4,16 --repeats 3 [--hf] [--faster-whisper]
+
+For each batch size B, the LibriVox clips are stacked (repeated) into B rows and encoded once.
+Then every configuration decodes the same encoder states, interleaved `repeats` times:
+
+- `ar`, `exact`, `sigmoid`: the host loop (`decode.loop.decode_states`);
+- `device-ar`, `device-exact`: the capture-safe device loop (`decode.graphed`; γ = `--gamma`),
+  eager: its CUDA graphs are not captured yet;
+- `--hf`: transformers' `generate` on the same encoder outputs, alone and with the packaged
+  draft exported as its assistant (`specasr distill export`).
+
+A row reports the median decoder-phase seconds, the ratio to `ar`, tokens per second, α̂
+(accepted / proposed), peak device memory, and whether its tokens equal `ar`'s. Timing
+synchronises the device around each whole decode, never inside one. `--faster-whisper` adds
+faster-whisper's end-to-end time at B = 1 on its CTranslate2 files: float16 on CUDA, or the
+same compute type on a CPU.
+
+It runs on a CPU too (`--device cpu`), which is how the test suite checks it. The GPU
+numbers go in docs/benchmarks.md, with the device named.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+import torch
+
+from specasr.options import DecodeOptions
+
+
+@dataclass
+class Row:
+    name: str
+    batch: int
+    seconds: float  # median decoder phase
+    tokens: int  # tokens decoded per run (all rows)
+    alpha: float | None
+    peak_mb: float | None
+    same: bool
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak(device: torch.device, reset: bool = False) -> float | None:
+    if device.type != "cuda":
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def configurations(pair, gamma: int, hf_dir: Path | None) -> dict:
+    """name -> decode(states) -> (tokens per row, accepted, proposed)."""
+    from specasr.decode.graphed import decode_graphed
+    from specasr.decode.loop import decode_states
+
+    opts = DecodeOptions(mode="autoregressive", language="en")
+
+    def host(mode: str):
+        def run(states):
+            rs = decode_states(pair, states, states, replace(opts, mode=mode))
+            st = rs[0].stats
+            return [r.tokens for r in rs], st.accepted, st.proposed
+
+        return run
+
+    def device(g: int):
+        def run(states):
+            tokens, s = decode_graphed(pair, states, states, opts, g)
+            return tokens, s.accepted, s.proposed
+
+        return run
+
+    runs = {"ar": host("autoregressive"), "exact": host("exact"), "sigmoid": host("sigmoid")}
+    runs["device-ar"], runs[f"device-exact γ{gamma}"] = device(0), device(gamma)
+    if hf_dir is not None:
+        runs.update(_hf_runs(pair, hf_dir))
+    return runs
+
+
+def _hf_runs(pair, hf_dir: Path) -> dict:
+    """transformers' generate on our encoder states: the target alone, and with the exported draft."""
+    from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from specasr.models.convert import cached_conversion
+    from specasr.models.loading import offline_files
+
+    dtype, dev = pair.dtype, pair.device
+    target = WhisperForConditionalGeneration.from_pretrained(cached_conversion(offline_files("base")))
+    target = target.to(dev, dtype).eval()
+    assistant = WhisperForCausalLM.from_pretrained(hf_dir).to(dev, dtype).eval()
+    eot = pair.tokenizer.eot
+    kw = {"language": "en", "task": "transcribe", "do_sample": False}
+
+    def run(states, helper=None):
+        if helper is not None and states.shape[0] > 1:
+            return None  # transformers' assisted generation takes one row at a time
+        with torch.inference_mode():
+            encoded = BaseModelOutput(last_hidden_state=states)
+            extra = {} if helper is None else {"assistant_model": helper}
+            out = target.generate(encoder_outputs=encoded, **extra, **kw)
+        rows = [[t for t in row if t < eot] for row in out.tolist()]
+        return rows, None, None
+
+    return {"hf": lambda s: run(s), "hf-assisted": lambda s: run(s, assistant)}
+
+
+def bench(
+    pair, mels: torch.Tensor, batches: list[int], repeats: int, gamma: int, hf_dir: Path | None
+) -> list[Row]:
+    """mels [n, n_mels, 3000] -> rows per batch size and configuration."""
+    dev = pair.device
+    runs = configurations(pair, gamma, hf_dir)
+    rows = []
+    for B in batches:
+        index = torch.arange(B) % mels.shape[0]
+        with torch.inference_mode():
+            states, _ = pair.encode(mels[index].to(dev))  # [B, 1500, d]
+        out = {}
+        for k, run in runs.items():  # warm-up (allocations, kernel selection)
+            out[k] = run(states)
+        live = {k: run for k, run in runs.items() if out[k] is not None}
+        times = {k: [] for k in live}
+        peaks = {}
+        for _ in range(repeats):
+            for k, run in live.items():
+                _peak(dev, reset=True)
+                _sync(dev)
+                t = time.perf_counter()
+                out[k] = run(states)
+                _sync(dev)
+                times[k].append(time.perf_counter() - t)
+                peaks[k] = _peak(dev)
+        ref = out["ar"][0]
+        for k in live:
+            toks, acc, prop = out[k]
+            rows.append(
+                Row(
+                    k,
+                    B,
+                    statistics.median(times[k]),
+                    sum(map(len, toks)),
+                    acc / prop if prop else None,
+                    peaks[k],
+                    toks == ref,
+                )
+            )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    ar = {r.batch: r.seconds for r in rows if r.name == "ar"}
+    lines = [
+        "| B | loop | decoder s | vs ar | tokens/s | α̂ | peak MB | same tokens as ar |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        alpha = "—" if r.alpha is None else f"{r.alpha:.3f}"
+        peak = "—" if r.peak_mb is None else f"{r.peak_mb:.0f}"
+        lines.append(
+            f"| {r.batch} | {r.name} | {r.seconds:.3f} | {ar[r.batch] / r.seconds:.2f}× | "
+            f"{r.tokens / r.seconds:.0f} | {alpha} | {peak} | {'yes' if r.same else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def faster_whisper_row(files: list[Path], device: str, repeats: int) -> str:
+    """faster-whisper end to end at B = 1 over the clips (greedy, language en), median of repeats."""
+    from faster_whisper import WhisperModel
+
+    from specasr.audio import load_audio
+    from specasr.research.whole_process import ct2_dir
+
+    compute = "float16" if device == "cuda" else "float32"
+    directory = ct2_dir(Path(tempfile.mkdtemp(prefix="specasr-ct2-")), "base")
+    model = WhisperModel(str(directory), device=device, compute_type=compute)
+    audio = [load_audio(f) for f in files]
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        for a in audio:
+            list(model.transcribe(a, beam_size=1, best_of=1, language="en")[0])
+        times.append(time.perf_counter() - t)
+    median = statistics.median(times[1:])
+    return f"faster-whisper {compute} on {device}, end to end, {len(files)} clips at B = 1: {median:.3f} s"
+
+
+@click.command()
+@click.option("--model", default="base", show_default=True)
+@click.option("--draft", default="default", show_default=True)
+@click.option("--device", default="cuda", show_default=True)
+@click.option("--batch", "batches", default="1,4,16", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--gamma", type=int, default=5, show_default=True, help="γ of the device loop.")
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--clips", type=int, default=5, show_default=True, help="LibriVox clips used (stacked into B rows)."
+)
+@click.option(
+    "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
+)
+@click.option("--hf", "with_hf", is_flag=True, help="Add transformers' generate, alone and assisted.")
+@click.option("--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper end to end at B = 1.")
+def main(model, draft, device, batches, gamma, repeats, clips, data, with_hf, with_fw) -> None:
+    from specasr.models.loading import load_pair, packaged_draft
+    from specasr.research.bench import file_mels
+
+    files = sorted(Path(data).glob("*.wav"))[:clips]
+    if not files:
+        raise click.UsageError(f"no .wav clips in {data}")
+    pair = load_pair(model, draft, device=device)
+    mels = torch.cat(file_mels(pair, files))  # [n, n_mels, 3000]
+    hf_dir = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if with_hf:
+            from specasr.models.hf_export import export_hf
+
+            hf_dir = export_hf(packaged_draft("base"), model, Path(tmp) / "draft").out
+        rows = bench(pair, mels, [int(b) for b in batches.split(",")], repeats, gamma, hf_dir)
+    name = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "CPU"
+    click.echo(
+        f"\n{model} + {draft} on {name} ({pair.dtype}), {len(files)} LibriVox clips, median of {repeats}\n"
+    )
+    click.echo(table(rows))
+    if with_fw:
+        click.echo("\n" + faster_whisper_row(files, pair.device.type, repeats))
+
+
+if __name__ == "__main__":
+    main()

@@ -331,12 +331,11 @@ def precompute_cross(draft: DistilledDraft, states: torch.Tensor, device, batch:
         (torch.empty(shape, dtype=torch.float16), torch.empty(shape, dtype=torch.float16))
         for _ in draft.layers
     ]
-    with torch.no_grad():
-        for i in tqdm(range(0, n, batch), desc="cross K/V", unit="batch"):
-            kv = draft.cross_kv(states[i : i + batch].to(device).float())
-            for (K, V), (k, v) in zip(out, kv):
-                K[i : i + batch] = k.to(torch.float16).cpu()
-                V[i : i + batch] = v.to(torch.float16).cpu()
+    for i in tqdm(range(0, n, batch), desc="cross K/V", unit="batch"):
+        kv = draft.cross_kv(states[i : i + batch].to(device).float())
+        for (K, V), (k, v) in zip(out, kv):
+            K[i : i + batch] = k.to(torch.float16).cpu()
+            V[i : i + batch] = v.to(torch.float16).cpu()
     return out
 
 

@@ -41,7 +41,7 @@ from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
 from specasr.decode.filters import static_masks
 from specasr.decode.runners import make_runner
-from specasr.decode.task import Task, detect_language
+from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
 
 
@@ -195,11 +195,5 @@ def decode_graphed(
 ) -> tuple[list[list[int]], Steps]:
     """`decode.loop.decode_states` for the device-side loop: greedy tokens per row (the
     language detected when `options` names none), and the loop's state and counts."""
-    language = options.language
-    if language is None:
-        found = set(detect_language(pair, target_states))
-        if len(found) > 1:
-            raise ValueError("rows of one batch detected different languages; decode them separately")
-        language = found.pop()
-    task = Task.build(pair, options, language, None)
+    task = Task.build(pair, options, task_language(pair, options, target_states), None)
     return GraphedGreedy(pair, options, task, gamma).run(target_states, draft_states)

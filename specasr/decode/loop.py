@@ -26,7 +26,7 @@ from specasr.decode.runners import make_runner
 from specasr.decode.stats import Clock, DecodeStats, timed
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
 from specasr.decode.stop import make_stop
-from specasr.decode.task import Task, detect_language
+from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
 
@@ -139,12 +139,7 @@ def decode_states(
         raise ValueError(f"mode {options.mode!r} needs a draft model; load one or use mode 'autoregressive'")
     if options.speculative and getattr(pair, "compute_type", "float32") == "int8":
         raise ValueError(INT8_SPECULATIVE)
-    language = options.language
-    if language is None:
-        languages = detect_language(pair, target_states)
-        if len(set(languages)) > 1:
-            raise ValueError("rows of one batch detected different languages; decode them separately")
-        language = languages[0]
+    language = task_language(pair, options, target_states)
     task = Task.build(pair, options, language, prompt)
     loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
     with timed(stats, "decoder_s", pair.device):

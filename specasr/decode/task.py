@@ -64,6 +64,17 @@ class Task:
         return cls(init, sot_index, limit, task_filters(pair, options, begin), language)
 
 
+def task_language(pair, options, target_states: Tensor) -> str:
+    """The decode's language: `options.language`, else the one every row detects (rows of
+    one batch that detect different languages are refused)."""
+    if options.language is not None:
+        return options.language
+    languages = set(detect_language(pair, target_states))
+    if len(languages) > 1:
+        raise ValueError("rows of one batch detected different languages; decode them separately")
+    return languages.pop()
+
+
 @torch.inference_mode()
 def detect_language(pair, target_states: Tensor) -> list[str]:
     """Most likely language per row, from the target's logits after <|startoftranscript|>."""

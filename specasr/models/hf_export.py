@@ -68,7 +68,9 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
     from specasr.models.draft import FORMAT
     from specasr.models.loading import _load_spec
 
-    draft_file = Path(draft_file)
+    draft_file, out = Path(draft_file), Path(out_dir)
+    if out.exists() and any(out.iterdir()):  # before the target is loaded
+        raise FileExistsError(f"{out} exists and is not empty")
     with safe_open(str(draft_file), "pt") as f:
         meta = f.metadata() or {}
         if meta.get("format") != FORMAT:
@@ -121,9 +123,6 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
             "masked": row is not None,
         },
     )
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.mkdir(exist_ok=True)

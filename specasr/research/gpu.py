@@ -60,7 +60,7 @@ def _peak(device: torch.device, reset: bool = False) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def configurations(pair, gamma: int, hf_dir: Path | None) -> dict:
+def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base") -> dict:
     """name -> decode(states) -> (tokens per row, accepted, proposed)."""
     from specasr.decode.graphed import decode_graphed
     from specasr.decode.loop import decode_states
@@ -85,12 +85,13 @@ def configurations(pair, gamma: int, hf_dir: Path | None) -> dict:
     runs = {"ar": host("autoregressive"), "exact": host("exact"), "sigmoid": host("sigmoid")}
     runs["device-ar"], runs[f"device-exact γ{gamma}"] = device(0), device(gamma)
     if hf_dir is not None:
-        runs.update(_hf_runs(pair, hf_dir))
+        runs.update(_hf_runs(pair, hf_dir, preset))
     return runs
 
 
-def _hf_runs(pair, hf_dir: Path) -> dict:
-    """transformers' generate on our encoder states: the target alone, and with the exported draft."""
+def _hf_runs(pair, hf_dir: Path, preset: str) -> dict:
+    """transformers' generate on our encoder states: the offline preset's target alone, and
+    with the exported draft."""
     from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -98,7 +99,7 @@ def _hf_runs(pair, hf_dir: Path) -> dict:
     from specasr.models.loading import offline_files
 
     dtype, dev = pair.dtype, pair.device
-    target = WhisperForConditionalGeneration.from_pretrained(cached_conversion(offline_files("base")))
+    target = WhisperForConditionalGeneration.from_pretrained(cached_conversion(offline_files(preset)))
     target = target.to(dev, dtype).eval()
     assistant = WhisperForCausalLM.from_pretrained(hf_dir).to(dev, dtype).eval()
     eot = pair.tokenizer.eot
@@ -118,11 +119,17 @@ def _hf_runs(pair, hf_dir: Path) -> dict:
 
 
 def bench(
-    pair, mels: torch.Tensor, batches: list[int], repeats: int, gamma: int, hf_dir: Path | None
+    pair,
+    mels: torch.Tensor,
+    batches: list[int],
+    repeats: int,
+    gamma: int,
+    hf_dir: Path | None,
+    preset: str = "base",
 ) -> list[Row]:
     """mels [n, n_mels, 3000] -> rows per batch size and configuration."""
     dev = pair.device
-    runs = configurations(pair, gamma, hf_dir)
+    runs = configurations(pair, gamma, hf_dir, preset)
     rows = []
     for B in batches:
         index = torch.arange(B) % mels.shape[0]
@@ -176,7 +183,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def faster_whisper_row(files: list[Path], device: str, repeats: int) -> str:
+def faster_whisper_row(files: list[Path], device: str, repeats: int, preset: str = "base") -> str:
     """faster-whisper end to end at B = 1 over the clips (greedy, language en), median of repeats."""
     from faster_whisper import WhisperModel
 
@@ -184,8 +191,8 @@ def faster_whisper_row(files: list[Path], device: str, repeats: int) -> str:
     from specasr.research.whole_process import ct2_dir
 
     compute = "float16" if device == "cuda" else "float32"
-    directory = ct2_dir(Path(tempfile.mkdtemp(prefix="specasr-ct2-")), "base")
-    model = WhisperModel(str(directory), device=device, compute_type=compute)
+    with tempfile.TemporaryDirectory(prefix="specasr-ct2-") as tmp:  # CTranslate2 reads it at load
+        model = WhisperModel(str(ct2_dir(Path(tmp), preset)), device=device, compute_type=compute)
     audio = [load_audio(f) for f in files]
     times = []
     for _ in range(repeats + 1):
@@ -213,12 +220,19 @@ def faster_whisper_row(files: list[Path], device: str, repeats: int) -> str:
 @click.option("--hf", "with_hf", is_flag=True, help="Add transformers' generate, alone and assisted.")
 @click.option("--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper end to end at B = 1.")
 def main(model, draft, device, batches, gamma, repeats, clips, data, with_hf, with_fw) -> None:
-    from specasr.models.loading import load_pair, packaged_draft
+    from specasr.models.loading import draft_path, load_pair
+    from specasr.models.presets import PRESETS
     from specasr.research.bench import file_mels
 
     files = sorted(Path(data).glob("*.wav"))[:clips]
     if not files:
         raise click.UsageError(f"no .wav clips in {data}")
+    draft_file = draft_path(PRESETS[model].draft if draft == "default" and model in PRESETS else draft)
+    offline = model in PRESETS and PRESETS[model].offline
+    if with_hf and (draft_file is None or not offline):
+        raise click.UsageError("--hf needs an offline preset target (base, tiny.en) and a distilled draft")
+    if with_fw and not offline:
+        raise click.UsageError("--faster-whisper needs an offline preset target (base, tiny.en)")
     pair = load_pair(model, draft, device=device)
     mels = torch.cat(file_mels(pair, files))  # [n, n_mels, 3000]
     hf_dir = None
@@ -226,15 +240,15 @@ def main(model, draft, device, batches, gamma, repeats, clips, data, with_hf, wi
         if with_hf:
             from specasr.models.hf_export import export_hf
 
-            hf_dir = export_hf(packaged_draft("base"), model, Path(tmp) / "draft").out
-        rows = bench(pair, mels, [int(b) for b in batches.split(",")], repeats, gamma, hf_dir)
+            hf_dir = export_hf(draft_file, model, Path(tmp) / "draft").out
+        rows = bench(pair, mels, [int(b) for b in batches.split(",")], repeats, gamma, hf_dir, model)
     name = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "CPU"
     click.echo(
         f"\n{model} + {draft} on {name} ({pair.dtype}), {len(files)} LibriVox clips, median of {repeats}\n"
     )
     click.echo(table(rows))
     if with_fw:
-        click.echo("\n" + faster_whisper_row(files, pair.device.type, repeats))
+        click.echo("\n" + faster_whisper_row(files, pair.device.type, repeats, model))
 
 
 if __name__ == "__main__":

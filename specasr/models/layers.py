@@ -62,6 +62,10 @@ class DecoderLayer(nn.Module):
     _step = None
     _step_args: tuple = ()
     _step_rows: float = 0
+    # weight arguments for passes of at most `_few_rows` rows (fp16-packed products that
+    # read half the bytes, `specasr.cpu.linear.HalfPackedLinear`); () = `_step_args` always
+    _few_args: tuple = ()
+    _few_rows: int = 0
     _step_eps = 1e-5
 
     def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
@@ -74,10 +78,12 @@ class DecoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(d, device=device)
         self.fc1, self.fc2 = nn.Linear(d, ffn, device=device), nn.Linear(ffn, d, device=device)
 
-    def use_script(self, step, args: tuple, max_rows: float) -> None:
+    def use_script(self, step, args: tuple, max_rows: float, few: tuple = (), few_rows: int = 0) -> None:
         """Run cached passes of up to `max_rows` rows (B·T) through `step`, a scripted
-        `specasr.cpu.scripted` function, with this layer's weight arguments `args`."""
+        `specasr.cpu.scripted` function, with this layer's weight arguments `args`; passes of
+        up to `few_rows` rows with the arguments `few` instead, when given."""
         self._step, self._step_args, self._step_rows = step, args, max_rows
+        self._few_args, self._few_rows = few, few_rows if few else 0
         self._step_eps = self.self_attn_layer_norm.eps
 
     def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
@@ -105,9 +111,11 @@ class DecoderLayer(nn.Module):
         holds each row's own positions, `start` is the greatest row start, and the mask
         [B, 1, T, start+T] hides every key past a query's own position."""
         T, scale = x.shape[1], self.dh**-0.5
-        if cache is not None and self._step is not None and x.shape[0] * T <= self._step_rows:
+        rows = x.shape[0] * T
+        if cache is not None and self._step is not None and rows <= self._step_rows:
             args = (*cache, cross_k, cross_v, mask, start, write, self.heads, self._step_eps)
-            return self._step(x, *self._step_args, *args)
+            weights = self._few_args if rows <= self._few_rows else self._step_args
+            return self._step(x, *weights, *args)
         a = self.self_attn
         h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
         if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three

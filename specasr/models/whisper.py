@@ -14,6 +14,7 @@ through `LeanDecoder`, the same layers with faster product forms.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from collections.abc import Sequence
@@ -398,26 +399,38 @@ def load_whisper(
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
-    from specasr.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
+    from specasr.cpu.linear import HalfPackedHead, HalfStoredLinear, PackedHead, swap_linears
 
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
+    half = half_weights() and mapped.metadata(main).get("source_dtype") == "float16"
     if mapped_embed and pack:
-        head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
+        rows = lambda a, b: mapped.read_rows(main, where, a, b)  # noqa: E731
+        head = (HalfPackedHead.build(model.proj_out.weight, rows) if half else None) or PackedHead.build(
+            model.proj_out.weight, rows
+        )
         if head is not None:
             model.use_head_form(head)
     del tensors  # the decoder's Wᵀ storage goes once its matrices are packed
     if pack:
-        pack_decoder(model)
+        pack_decoder(model, half=half)
     return model
 
 
-def pack_decoder(model: Whisper) -> Whisper:
+def half_weights() -> bool:
+    """Whether fp16-exact decoder weights are also held fp16-packed for few-row passes
+    (`specasr.cpu.linear.HalfPackedLinear`, `HalfPackedHead`): yes unless the environment
+    sets SPECASR_HALF_WEIGHTS=0, the switch the A/B benchmarks use."""
+    return os.environ.get("SPECASR_HALF_WEIGHTS", "1") != "0"
+
+
+def pack_decoder(model: Whisper, half: bool = False) -> Whisper:
     """Replaces the decoder layers' Linear modules by `specasr.cpu.linear.PackedLinear`
     (CPU, fp32; nothing where oneDNN is missing): the dense matrices are freed, and every
     decoder path runs oneDNN's packed products. The cross-attention K/V projections stay
-    plain Linear: they run once per window over 1500 frames."""
-    from specasr.cpu.linear import PackedLinear
+    plain Linear: they run once per window over 1500 frames. half: each packed product of
+    an fp16-exact matrix also gets its fp16-packed form for few-row passes (`few`)."""
+    from specasr.cpu.linear import HalfPackedLinear, PackedLinear
 
     for layer in model.model.decoder.layers:
         for box, names in (
@@ -428,6 +441,7 @@ def pack_decoder(model: Whisper) -> Whisper:
             for name in names:
                 linear = getattr(box, name)
                 if isinstance(linear, nn.Linear) and (packed := PackedLinear.of(linear)) is not None:
+                    packed.use_few(HalfPackedLinear.of(linear) if half else None)
                     setattr(box, name, packed)
     return model
 

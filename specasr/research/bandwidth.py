@@ -67,9 +67,9 @@ def stream_probe(mb: int = 256, repeats: int = 10) -> list[Probe]:
 
 def step_bytes(config, frames: int = 1500, element: int = 4, matrix_element: int = 4) -> dict[str, int]:
     """Bytes a target decoder pass reads, by part, for a Whisper config: the layers'
-    matrices (`matrix_element` bytes each: 4 in fp32, 1 for an int8 target, whose per-row
-    scales count as vectors) and vectors, the tied head once, and the cross-attention K/V
-    of one window (fp32 in both)."""
+    matrices (`matrix_element` bytes each: 4 in fp32, 2 for the fp16-packed forms of few-row
+    passes, 1 for an int8 target, whose per-row scales count as vectors) and vectors, the
+    tied head once, and the cross-attention K/V of one window (fp32 in all)."""
     d, f, layers, m = config.d_model, config.decoder_ffn_dim, config.decoder_layers, matrix_element
     per_layer = (
         4 * d * d * m
@@ -80,10 +80,10 @@ def step_bytes(config, frames: int = 1500, element: int = 4, matrix_element: int
         + (f + d) * element  # feed-forward
         + 3 * 2 * d * element  # three layer norms
     )
-    scales = 0 if m == 4 else (6 * d + f + d) * 4  # int8: one fp32 scale per output row
+    scales = (6 * d + f + d) * 4 if m == 1 else 0  # int8: one fp32 scale per output row
     return {
         "decoder layers": layers * (per_layer + scales),
-        "output projection": config.vocab_size * d * m + (0 if m == 4 else config.vocab_size * 4),
+        "output projection": config.vocab_size * d * m + (config.vocab_size * 4 if m == 1 else 0),
         "cross-attention K/V": layers * 2 * frames * d * element,
     }
 
@@ -108,6 +108,7 @@ def main(model: str, draft: str, repeats: int, probe_mb: int, data: str, compute
 
     import torch
 
+    from specasr.cpu.linear import HalfPackedHead
     from specasr.models.loading import load_pair
     from specasr.research.bench import file_mels
     from specasr.research.speedup import step_costs
@@ -120,10 +121,13 @@ def main(model: str, draft: str, repeats: int, probe_mb: int, data: str, compute
     mel = file_mels(pair, sorted(Path(data).glob("*.wav"))[:1])[0]
     with torch.inference_mode():
         costs = step_costs(pair, mel, ks=(1, 2, 4, 8), repeats=repeats)
-    parts = step_bytes(pair.target.config, matrix_element=1 if int8 else 4)
+    # fp16-packed forms serve every pass measured here (k <= FEW_ROWS: `specasr.cpu.linear`)
+    half = isinstance(pair.target.proj_out, HalfPackedHead)
+    parts = step_bytes(pair.target.config, matrix_element=1 if int8 else 2 if half else 4)
     total = sum(parts.values())
     click.echo(
-        f"{model} + {pair.draft_name}, {compute_type} target, {threads} threads, {repeats} passes per k\n"
+        f"{model} + {pair.draft_name}, {compute_type} target{' (fp16-packed weights)' if half else ''}, "
+        f"{threads} threads, {repeats} passes per k\n"
     )
     click.echo("| probe | best GB/s | median GB/s |\n|---|---|---|")
     for p in probes:

@@ -1,0 +1,106 @@
+"""fp16-packed decoder weights against fp32-packed ones, side by side (issue 20).
+
+    python -m specasr.research.half_weights --repeats 4
+
+The loader gives an fp16 checkpoint's decoder matrices and head an fbgemm fp16-packed form
+for passes of few rows (`specasr.cpu.linear.HalfPackedLinear`, `HalfPackedHead`), the same
+fp32 products from half the bytes. This loads the pair twice in one process, once with
+`SPECASR_HALF_WEIGHTS=0` (oneDNN fp32-packed only, as before) and once as shipped, then
+transcribes the long-form fixture (`research.longform.long_recording`) with each, in
+autoregressive and exact mode, sequentially and chunked with VAD, interleaved over
+`--repeats` rounds after a warm-up. It prints medians of the decoder phase and of wall time
+(samples to segments), each form's speed against the other, and whether every run gave the
+same tokens (they must: the two forms compute the same function).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import click
+
+from specasr.options import TranscribeOptions
+
+FORMS = {"fp32-packed": "0", "fp16-packed": "1"}  # name -> SPECASR_HALF_WEIGHTS
+
+
+def load_both(model: str, draft: str) -> dict:
+    """The pair loaded once per form of the decoder weights."""
+    from specasr.models.loading import load_pair
+
+    before = os.environ.get("SPECASR_HALF_WEIGHTS")
+    pairs = {}
+    try:
+        for name, flag in FORMS.items():
+            os.environ["SPECASR_HALF_WEIGHTS"] = flag
+            pairs[name] = load_pair(model, draft)
+    finally:
+        if before is None:
+            os.environ.pop("SPECASR_HALF_WEIGHTS", None)
+        else:
+            os.environ["SPECASR_HALF_WEIGHTS"] = before
+    return pairs
+
+
+def configurations() -> dict[str, TranscribeOptions]:
+    from specasr.longform.vad import VadOptions
+
+    seq = TranscribeOptions()
+    chunked = TranscribeOptions(strategy="chunked", vad=VadOptions())
+    return {
+        f"{strategy}, {mode}": opts.with_decode(mode=mode)
+        for strategy, opts in (("sequential", seq), ("chunked + VAD", chunked))
+        for mode in ("autoregressive", "exact")
+    }
+
+
+@click.command()
+@click.option("--model", default="base", show_default=True)
+@click.option("--draft", default="default", show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
+)
+def main(model: str, draft: str, repeats: int, data: str) -> None:
+    from specasr.constants import SAMPLE_RATE
+    from specasr.research.longform import long_recording
+    from specasr.transcription import transcribe
+
+    rec = long_recording(data)
+    pairs = load_both(model, draft)
+    configs = configurations()
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    tokens = set()
+    for rnd in range(repeats + 1):  # round 0 warms up
+        for config, opts in configs.items():
+            for form, pair in pairs.items():
+                t0 = time.perf_counter()
+                segments, info = transcribe(rec.samples, pair, opts, source_rate=SAMPLE_RATE)
+                toks = [s.tokens for s in segments]
+                wall = time.perf_counter() - t0
+                tokens.add((config.split(",")[0], str(toks)))
+                if rnd:
+                    runs.setdefault((config, form), []).append((info.stats.decoder_s, wall))
+    same = len(tokens) == len({c.split(",")[0] for c in configs})
+    click.echo(
+        f"{model} + {draft}, {len(rec.samples) / SAMPLE_RATE:.1f} s long-form fixture, {repeats} rounds; "
+        f"same tokens in every run of a strategy: {'yes' if same else 'NO'}\n"
+    )
+    click.echo(
+        "| configuration | decoder s, fp32-packed | decoder s, fp16-packed | decoder speed-up "
+        "| wall s, fp32-packed | wall s, fp16-packed | wall speed-up |"
+    )
+    click.echo("|---|---|---|---|---|---|---|")
+    for config in configs:
+        a, b = runs[(config, "fp32-packed")], runs[(config, "fp16-packed")]
+        da, db = (statistics.median(r[0] for r in x) for x in (a, b))
+        wa, wb = (statistics.median(r[1] for r in x) for x in (a, b))
+        click.echo(
+            f"| {config} | {da:.2f} | {db:.2f} | {da / db:.2f}× | {wa:.2f} | {wb:.2f} | {wa / wb:.2f}× |"
+        )
+
+
+if __name__ == "__main__":
+    main()

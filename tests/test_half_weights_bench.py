@@ -1,0 +1,40 @@
+"""research/half_weights.py: both forms of the decoder weights load side by side, and the
+A/B table says the forms gave the same tokens."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from specasr.cpu.linear import HalfPackedHead, PackedHead, half_available
+from specasr.research import half_weights
+
+pytestmark = pytest.mark.skipif(not half_available(), reason="this torch build has no fbgemm fp16 GEMM")
+
+
+def test_load_both_gives_each_form_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECASR_HALF_WEIGHTS", "1")
+    pairs = half_weights.load_both("base", "default")
+    assert type(pairs["fp32-packed"].target.proj_out) is PackedHead
+    assert type(pairs["fp16-packed"].target.proj_out) is HalfPackedHead
+    assert pairs["fp16-packed"].target.model.decoder.layers[0].fc1.few is not None
+    assert pairs["fp32-packed"].target.model.decoder.layers[0].fc1.few is None
+    assert os.environ["SPECASR_HALF_WEIGHTS"] == "1"
+
+
+def test_the_ab_table_reports_every_configuration_with_the_same_tokens(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    line = next(x for x in open("tests/data/transcripts.txt") if x.strip())
+    shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
+    (data / "transcripts.txt").write_text(line)
+    result = CliRunner().invoke(half_weights.main, ["--repeats", "1", "--data", str(data)])
+    assert result.exit_code == 0, result.output
+    assert "same tokens in every run of a strategy: yes" in result.output
+    rows = [
+        r for r in result.output.splitlines() if r.startswith("| sequential") or r.startswith("| chunked")
+    ]
+    assert len(rows) == 4 and all(r.count("×") == 2 for r in rows)

@@ -61,7 +61,7 @@ def launch(*args, **kwargs):
 stub = types.ModuleType("specasr.apps.gradio_app")
 stub.build_app, stub.launch = build_app, launch
 sys.modules["specasr.apps.gradio_app"] = stub
-cli_app.load_models = lambda *args: None
+cli_app.load_models = lambda *args, **kwargs: None
 main(["app", "--port", sys.argv[1]], prog_name="specasr")
 """
 

@@ -93,7 +93,7 @@ def test_app_command_binds_to_loopback_unless_told(monkeypatch):
     monkeypatch.setattr(gradio_app, "launch", record("launch"))
     result = CliRunner().invoke(main, ["app", "--max-seconds", "30"])
     assert result.exit_code == 0, result.output
-    assert calls["load"] == (("base", "default", "exact", None, None, "float32"), {})
+    assert calls["load"] == (("base", "default", "exact", None, None, "float32"), {"half_weights": True})
     assert calls["build"] == (("pair", AppOptions(max_seconds=30)), {})
     assert calls["launch"] == (
         ("demo", AppOptions(max_seconds=30)),

@@ -45,7 +45,7 @@ def tiny_models(monkeypatch, tiny_pair):
     """`specasr eval` decodes with a tiny random pair; returns the list of load calls."""
     calls = []
 
-    def load(model, draft, mode, device, dtype, compute_type="float32"):
+    def load(model, draft, mode, device, dtype, compute_type="float32", half_weights=None):
         calls.append(model)
         return tiny_pair
 
@@ -263,7 +263,7 @@ def test_a_run_in_another_compute_type_does_not_resume_into_the_first(data, tiny
 
     asked = []
 
-    def load(model, draft, mode, device, dtype, compute_type="float32"):
+    def load(model, draft, mode, device, dtype, compute_type="float32", half_weights=None):
         asked.append(compute_type)
         return replace(tiny_pair, compute_type=compute_type)
 

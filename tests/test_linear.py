@@ -145,8 +145,9 @@ def test_half_packed_head_builds_its_fp32_form_only_for_many_rows():
 @half
 @pytest.mark.parametrize("script", [True, False])
 def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
-    """`pack_decoder(half=True)` on fp16-exact weights: passes of up to FEW_ROWS rows run the
-    fp16-packed forms (scripted), bigger ones the fp32-packed; both give the unpacked logits."""
+    """Packed matrices with fp16 forms (`use_few`, as `use_half_weights` adds them) on
+    fp16-exact weights: passes of up to FEW_ROWS rows run the fp16-packed forms (scripted),
+    bigger ones the fp32-packed; both give the unpacked logits."""
     from tiny_pairs import random_tiny_pair
 
     from specasr.cpu.lean import LeanDecoder, LeanRunner
@@ -157,7 +158,10 @@ def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
         for model in (plain, packed):
             for p in model.parameters():
                 p.copy_(p.half().float())
-    pack_decoder(packed, half=True)
+    pack_decoder(packed)
+    for m in packed.model.decoder.modules():
+        if isinstance(m, PackedLinear):
+            m.use_few(HalfPackedLinear.of(m))
     fc1 = packed.model.decoder.layers[0].fc1
     assert isinstance(fc1, PackedLinear) and isinstance(fc1.few, HalfPackedLinear)
     lean = LeanDecoder(packed, script=script)

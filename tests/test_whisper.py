@@ -15,7 +15,13 @@ from specasr.cpu.linear import PackedLinear, packed_available
 from specasr.decode.loop import decode
 from specasr.models.convert import cached_conversion
 from specasr.models.loading import load_pair, offline_files
-from specasr.models.whisper import TRANSPOSED_FILE, from_tensors, load_whisper, read_safetensors
+from specasr.models.whisper import (
+    TRANSPOSED_FILE,
+    from_tensors,
+    load_whisper,
+    read_safetensors,
+    use_half_weights,
+)
 from specasr.options import DecodeOptions
 
 
@@ -104,13 +110,12 @@ def test_transposed_cache_holds_the_same_weights():
 
 
 @pytest.mark.slow  # real weights
-def test_a_cpu_load_holds_each_weight_in_its_run_forms():
-    """From the conversion cache on CPU, of an fp16 checkpoint: the tied embedding is a map of
-    the file (only looked-up rows resident) and the head its fbgemm fp16-packed form, with
-    the oneDNN fp32 form built only for passes of many rows; the decoder's matrices are
-    oneDNN-packed, each with an fp16-packed form for few-row passes; the encoder's rest in
-    fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32 model's,
-    the head's products equal F.linear up to summation order."""
+def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
+    """From the conversion cache on CPU: the tied embedding is a map of the file (only
+    looked-up rows resident) and the head its oneDNN-packed form; the encoder's matrices
+    rest in fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32
+    model's, the head's products equal F.linear up to summation order. `use_half_weights`
+    then adds fbgemm fp16-packed forms of the decoder's matrices and the head."""
     from specasr.cpu.linear import (
         HalfPackedHead,
         HalfPackedLinear,
@@ -125,11 +130,7 @@ def test_a_cpu_load_holds_each_weight_in_its_run_forms():
     model = load_whisper(directory, torch.float32, torch.device("cpu"))
     embed = model.model.decoder.embed_tokens.weight
     assert embed.data_ptr() in mapped._MAPS and torch.equal(embed, main["model.decoder.embed_tokens.weight"])
-    head_form = HalfPackedHead if half_available() else PackedHead
-    assert isinstance(model.proj_out, head_form) and model.proj_out.weight is embed
-    if half_available():
-        fc1 = model.model.decoder.layers[0].fc1
-        assert isinstance(fc1.few, HalfPackedLinear) and torch.equal(fc1.few.weight, fc1.weight)
+    assert isinstance(model.proj_out, PackedHead) and model.proj_out.weight is embed
     assert model.model.decoder.head is model.proj_out
     x = torch.randn(3, 5, embed.shape[1], generator=torch.Generator().manual_seed(0))
     for rows in (x[:1, :1], x[:1], x):  # one row (a target step), a verify pass, a batch (15 rows)
@@ -137,6 +138,16 @@ def test_a_cpu_load_holds_each_weight_in_its_run_forms():
             model.proj_out(rows), torch.nn.functional.linear(rows, embed), rtol=1e-5, atol=1e-4
         )
     assert mapped.release(embed) and torch.equal(embed[:7], main["model.decoder.embed_tokens.weight"][:7])
+    if half_available():  # the fp16-packed forms a long-lived process adds: the same products
+        assert use_half_weights(model)
+        fc1 = model.model.decoder.layers[0].fc1
+        assert isinstance(fc1.few, HalfPackedLinear) and torch.equal(fc1.few.weight, fc1.weight)
+        assert isinstance(model.proj_out, HalfPackedHead) and model.proj_out.weight is embed
+        for rows in (x[:1, :1], x[:1], x):  # fp16 blocks, then (15 rows) the rebuilt fp32 blocks
+            torch.testing.assert_close(
+                model.proj_out(rows), torch.nn.functional.linear(rows, embed), rtol=1e-5, atol=1e-4
+            )
+        assert isinstance(model.proj_out.wide, PackedHead)
 
     linears = [m for m in model.model.encoder.modules() if isinstance(m, HalfStoredLinear)]
     assert len(linears) == 6 * model.config.encoder_layers

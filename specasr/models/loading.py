@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.whisper import Whisper, load_whisper, quantize_target
+from specasr.models.whisper import Whisper, load_whisper, quantize_target, use_half_weights
 from specasr.tokenizer import Tokenizer
 
 # what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
@@ -254,6 +255,7 @@ def load_pair(
     dtype: torch.dtype | None = None,
     draft_int8: bool | None = None,
     compute_type: str = "float32",
+    half_weights: bool | None = None,
 ) -> ModelPair:
     """Loads `target` and `draft` ("default": the preset's draft, None/"none": no draft,
     "self:K": the target's first K decoder layers, "packaged:NAME" or a path to a distilled
@@ -264,7 +266,10 @@ def load_pair(
     can move the acceptance rate, never the transcript.
     compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
     (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
-    own that decodes autoregressively only) or "auto"."""
+    own that decodes autoregressively only) or "auto".
+    half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
+    (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.2 s
+    more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     if draft == "default":
@@ -296,6 +301,10 @@ def load_pair(
         d_model.model.encoder = t_model.model.encoder
     if compute_type == "int8":  # after the draft took what it shares (embeddings, head rows)
         quantize_target(t_model)
+    if half_weights is None:
+        half_weights = os.environ.get("SPECASR_HALF_WEIGHTS") == "1"
+    if half_weights and compute_type != "int8" and dev.type == "cpu" and dtype == torch.float32:
+        use_half_weights(t_model)  # before the lean view below takes its product forms
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
     mapped.trim_heap()  # loading freed tensors of many sizes: give the free heap back

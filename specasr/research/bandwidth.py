@@ -103,7 +103,12 @@ def step_bytes(config, frames: int = 1500, element: int = 4, matrix_element: int
     show_default=True,
     help="The target's products; int8 is target-only (no draft step).",
 )
-def main(model: str, draft: str, repeats: int, probe_mb: int, data: str, compute_type: str) -> None:
+@click.option(
+    "--half-weights", is_flag=True, help="Add the fp16-packed decoder forms (`load_pair(half_weights=True)`)."
+)
+def main(
+    model: str, draft: str, repeats: int, probe_mb: int, data: str, compute_type: str, half_weights: bool
+) -> None:
     from pathlib import Path
 
     import torch
@@ -114,7 +119,9 @@ def main(model: str, draft: str, repeats: int, probe_mb: int, data: str, compute
     from specasr.research.speedup import step_costs
 
     int8 = compute_type == "int8"
-    pair = load_pair(model, None if int8 else draft, device="cpu", compute_type=compute_type)
+    pair = load_pair(
+        model, None if int8 else draft, device="cpu", compute_type=compute_type, half_weights=half_weights
+    )
     threads = torch.get_num_threads()
     probes = stream_probe(probe_mb, max(5, repeats // 3))
     read = next(p for p in probes if p.name == "read")

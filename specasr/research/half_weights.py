@@ -2,10 +2,11 @@
 
     python -m specasr.research.half_weights --repeats 4
 
-The loader gives an fp16 checkpoint's decoder matrices and head an fbgemm fp16-packed form
-for passes of few rows (`specasr.cpu.linear.HalfPackedLinear`, `HalfPackedHead`), the same
-fp32 products from half the bytes. This loads the pair twice in one process, once with
-`SPECASR_HALF_WEIGHTS=0` (oneDNN fp32-packed only, as before) and once as shipped, then
+`specasr.models.whisper.use_half_weights` gives an fp16 checkpoint's decoder matrices and
+head an fbgemm fp16-packed form for passes of few rows (`specasr.cpu.linear.HalfPackedLinear`,
+`HalfPackedHead`), the same fp32 products from half the bytes, which long-lived processes ask for
+(`load_pair(half_weights=True)`: the app, eval runs). This loads the pair twice in one
+process, with oneDNN fp32-packed weights only (the default) and with the fp16 forms, then
 transcribes the long-form fixture (`research.longform.long_recording`) with each, in
 autoregressive and exact mode, sequentially and chunked with VAD, interleaved over
 `--repeats` rounds after a warm-up. It prints medians of the decoder phase and of wall time
@@ -15,7 +16,6 @@ same tokens (they must: the two forms compute the same function).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -23,25 +23,14 @@ import click
 
 from specasr.options import TranscribeOptions
 
-FORMS = {"fp32-packed": "0", "fp16-packed": "1"}  # name -> SPECASR_HALF_WEIGHTS
+FORMS = {"fp32-packed": False, "fp16-packed": True}  # name -> load_pair(half_weights=)
 
 
 def load_both(model: str, draft: str) -> dict:
     """The pair loaded once per form of the decoder weights."""
     from specasr.models.loading import load_pair
 
-    before = os.environ.get("SPECASR_HALF_WEIGHTS")
-    pairs = {}
-    try:
-        for name, flag in FORMS.items():
-            os.environ["SPECASR_HALF_WEIGHTS"] = flag
-            pairs[name] = load_pair(model, draft)
-    finally:
-        if before is None:
-            os.environ.pop("SPECASR_HALF_WEIGHTS", None)
-        else:
-            os.environ["SPECASR_HALF_WEIGHTS"] = before
-    return pairs
+    return {name: load_pair(model, draft, half_weights=half) for name, half in FORMS.items()}
 
 
 def configurations() -> dict[str, TranscribeOptions]:

@@ -4,6 +4,7 @@ A/B table says the forms gave the same tokens."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -35,3 +36,22 @@ def test_the_ab_table_reports_every_configuration_with_the_same_tokens(tmp_path)
         r for r in result.output.splitlines() if r.startswith("| sequential") or r.startswith("| chunked")
     ]
     assert len(rows) == 4 and all(r.count("×") == 2 for r in rows)
+
+
+def test_half_weights_added_after_load_reach_the_decoding_loop():
+    """`use_half_weights` on a loaded pair: the lean view the loop runs is rebuilt with the
+    fp16 forms (its cache follows the head), and greedy tokens stay the same."""
+    from specasr.cpu.lean import lean_decoder
+    from specasr.models.loading import load_pair
+    from specasr.models.whisper import use_half_weights
+    from specasr.options import DecodeOptions
+    from specasr.transcription import transcribe_clip
+
+    pair = load_pair("base", "default")
+    assert lean_decoder(pair.target).layers[0]._few_rows == 0
+    clip = str(sorted(Path("tests/data").glob("*.wav"))[0])
+    opts = DecodeOptions(mode="exact")
+    before = transcribe_clip(pair, clip, opts).tokens
+    assert use_half_weights(pair.target)
+    assert lean_decoder(pair.target).layers[0]._few_rows > 0
+    assert transcribe_clip(pair, clip, opts).tokens == before

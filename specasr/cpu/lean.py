@@ -115,17 +115,19 @@ class LeanDecoder:
         return self.head(self.layer_norm(x))
 
 
-_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (proj weight, LeanDecoder)
+_LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (head, its weight, LeanDecoder)
 
 
 def lean_decoder(model) -> LeanDecoder:
-    """The model's LeanDecoder, built once per model (its weights are frozen). Kept beside
-    the model, not on it: oneDNN's packed weight cannot be deep-copied."""
+    """The model's LeanDecoder, built once per model (its weights are frozen) and again when
+    its head or head weight is replaced (`Whisper.use_head_form`, e.g. by
+    `specasr.models.whisper.use_half_weights`). Kept beside the model, not on it: oneDNN's
+    packed weight cannot be deep-copied."""
     cached = _LEAN.get(model)
-    if cached is None or cached[0] is not model.proj_out.weight:
-        cached = (model.proj_out.weight, LeanDecoder(model))
+    if cached is None or cached[0] is not model.proj_out or cached[1] is not model.proj_out.weight:
+        cached = (model.proj_out, model.proj_out.weight, LeanDecoder(model))
         _LEAN[model] = cached
-    return cached[1]
+    return cached[2]
 
 
 class LeanRunner:

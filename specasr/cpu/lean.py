@@ -32,7 +32,6 @@ from specasr.constants import N_TEXT_CTX
 from specasr.cpu.linear import (
     FEW_ROWS,
     MANY_ROWS,
-    HalfPackedLinear,
     Int8Linear,
     PackedLinear,
     TransposedLinear,
@@ -46,11 +45,7 @@ from specasr.models.layers import DecoderLayer, embed
 def _form(linear: nn.Module) -> nn.Module:
     """A layer matrix's product form: the model's own when the loader packed or quantised it
     (`PackedLinear`, `Int8Linear`), else a contiguous Wᵀ sharing the Linear's storage."""
-    return (
-        linear
-        if isinstance(linear, (PackedLinear, HalfPackedLinear, Int8Linear))
-        else shared_form(TransposedLinear, linear)
-    )
+    return linear if isinstance(linear, (PackedLinear, Int8Linear)) else shared_form(TransposedLinear, linear)
 
 
 class LeanDecoder:

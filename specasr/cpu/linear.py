@@ -56,6 +56,12 @@ MANY_ROWS = 64  # above this many rows a product is compute-bound and F.linear's
 FEW_ROWS = 8  # up to this many rows a layer's product is bound by reading its weight (`HalfPackedLinear`)
 
 
+def _held(weight: Tensor) -> nn.Parameter:
+    """A head form's table as a frozen Parameter: the model's own when it is one (the tied
+    token embedding, so the form holds no second copy)."""
+    return weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+
+
 class TransposedLinear(nn.Module):
     """y = x Wᵀ + b with Wᵀ stored contiguous [in, out]. x: [..., in] -> [..., out]."""
 
@@ -122,7 +128,7 @@ class PackedLinear(nn.Module):
 
     def use_few(self, form: HalfPackedLinear | None) -> None:
         """`form` serves passes of at most FEW_ROWS rows, where reading the weight is the cost
-        (`HalfPackedLinear`, fp16-exact weights; set by `specasr.models.whisper.pack_decoder`).
+        (`HalfPackedLinear`, fp16-exact weights; set by `specasr.models.whisper.use_half_weights`).
         Held, not registered: the module's parameters and state dict stay the Linear's."""
         object.__setattr__(self, "few", form)
 
@@ -183,9 +189,7 @@ class PackedHead(nn.Module):
 
     def __init__(self, weight: Tensor, blocks: list[Tensor]) -> None:
         super().__init__()
-        self.weight = (
-            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
-        )
+        self.weight = _held(weight)
         self.bias = None
         self.blocks = blocks  # oneDNN-packed W[i : i + BLOCK] for i = 0, BLOCK, …
         self.out_features = weight.shape[0]
@@ -211,18 +215,17 @@ class PackedHead(nn.Module):
 
 def _fp16_pack(weight: Tensor) -> Tensor | None:
     """fbgemm's packed fp16 copy of W [out, in] (an opaque uint8 tensor), or None where this
-    build lacks fbgemm's fp16 GEMM. Only for weights whose values are fp16 already
-    (`fp16_exact`): then nothing is rounded and the products are the fp32 model's."""
+    build lacks fbgemm's fp16 GEMM (`half_available` also runs a product through it). Only
+    for weights whose values are fp16 already (`fp16_exact`): then nothing is rounded and
+    the products are the fp32 model's."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None
     try:
-        with warnings.catch_warnings():  # deprecated like quantized tensors; probed here
+        with warnings.catch_warnings():  # deprecated like quantized tensors
             warnings.simplefilter("ignore", UserWarning)
-            packed = torch.fbgemm_pack_gemm_matrix_fp16(weight.detach().contiguous())
-            probe = _fp16_mm(weight.new_zeros(2, weight.shape[1]), packed, weight.new_zeros(weight.shape[0]))
+            return torch.fbgemm_pack_gemm_matrix_fp16(weight.detach().contiguous())
     except (AttributeError, RuntimeError):
         return None
-    return packed if probe.shape == (2, weight.shape[0]) else None
 
 
 def _fp16_mm(x: Tensor, packed: Tensor, bias: Tensor) -> Tensor:
@@ -257,7 +260,7 @@ class HalfPackedLinear(nn.Module):
         """The fp16-packed form of `linear`, or None where fbgemm's fp16 GEMM is missing or
         the weight is not fp16-exact."""
         w = linear.weight
-        if not fp16_exact(w) or (packed := _fp16_pack(w)) is None:
+        if not half_available() or not fp16_exact(w) or (packed := _fp16_pack(w)) is None:
             return None
         return cls(packed, linear.bias, w.shape[1], w.shape[0])
 
@@ -296,9 +299,7 @@ class HalfPackedHead(nn.Module):
         """rows(start, stop): W's rows for building the fp32 form (default: slices of weight);
         release(): called after that build (e.g. to drop a mapped table's pages again)."""
         super().__init__()
-        self.weight = (
-            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
-        )
+        self.weight = _held(weight)
         self.bias = None
         self.blocks = blocks  # fp16-packed W[i : i + BLOCK] for i = 0, BLOCK, …
         self.zeros = [
@@ -317,6 +318,9 @@ class HalfPackedHead(nn.Module):
         def one(start: int) -> Tensor | None:
             w = read(start, min(start + cls.BLOCK, weight.shape[0]))
             return _fp16_pack(w) if fp16_exact(w) else None
+
+        if not half_available():
+            return None
 
         starts = range(0, weight.shape[0], cls.BLOCK)
         blocks = list(pool.map(one, starts) if pool is not None else map(one, starts))
@@ -387,8 +391,15 @@ def shared_form(cls: type[TransposedLinear], linear: nn.Linear) -> TransposedLin
 
 @functools.cache
 def half_available() -> bool:
-    """Whether this build has fbgemm's fp16-weight GEMM (`HalfPackedLinear`, `HalfPackedHead`)."""
-    return _fp16_pack(torch.ones(2, 2)) is not None
+    """Whether this build has fbgemm's fp16-weight GEMM (`HalfPackedLinear`, `HalfPackedHead`):
+    it packs, and a product through the packed copy has the right shape."""
+    packed = _fp16_pack(torch.ones(3, 2))
+    if packed is None:
+        return False
+    try:
+        return _fp16_mm(torch.zeros(2, 2), packed, torch.zeros(3)).shape == (2, 3)
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @functools.cache
@@ -465,9 +476,7 @@ class Int8Head(nn.Module):
 
     def __init__(self, weight: Tensor) -> None:
         super().__init__()
-        self.weight = (
-            weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
-        )
+        self.weight = _held(weight)
         self.bias = None
         self.out_features = weight.shape[0]
         self.inner = Int8Linear(weight, None, per_row=True)

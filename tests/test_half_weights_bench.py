@@ -29,13 +29,15 @@ def test_the_ab_table_reports_every_configuration_with_the_same_tokens(tmp_path)
     line = next(x for x in open("tests/data/transcripts.txt") if x.strip())
     shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
     (data / "transcripts.txt").write_text(line)
-    result = CliRunner().invoke(half_weights.main, ["--repeats", "1", "--data", str(data)])
+    args = ["--repeats", "1", "--data", str(data), "--load-rounds", "1"]
+    result = CliRunner().invoke(half_weights.main, args)
     assert result.exit_code == 0, result.output
     assert "same tokens in every run of a strategy: yes" in result.output
     rows = [
         r for r in result.output.splitlines() if r.startswith("| sequential") or r.startswith("| chunked")
     ]
     assert len(rows) == 4 and all(r.count("×") == 2 for r in rows)
+    assert "import + load_pair, fresh processes, median of 1: fp32-packed" in result.output
 
 
 def test_half_weights_added_after_load_reach_the_decoding_loop():

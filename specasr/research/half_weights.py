@@ -11,7 +11,8 @@ transcribes the long-form fixture (`research.longform.long_recording`) with each
 autoregressive and exact mode, sequentially and chunked with VAD, interleaved over
 `--repeats` rounds after a warm-up. It prints medians of the decoder phase and of wall time
 (samples to segments), each form's speed against the other, and whether every run gave the
-same tokens (they must: the two forms compute the same function).
+same tokens (they must: the two forms compute the same function); then what the forms cost at
+start-up: import + `load_pair` in fresh processes, interleaved (`--load-rounds`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,27 @@ def load_both(model: str, draft: str) -> dict:
     return {name: load_pair(model, draft, half_weights=half) for name, half in FORMS.items()}
 
 
+LOAD = (
+    "import sys, time; t = time.perf_counter(); from specasr.models.loading import load_pair; "
+    "load_pair(sys.argv[1], sys.argv[2], half_weights=sys.argv[3] == '1'); "
+    "print(time.perf_counter() - t)"
+)
+
+
+def load_times(model: str, draft: str, rounds: int) -> dict[str, list[float]]:
+    """Seconds of import + `load_pair` per form, each in a fresh process, interleaved."""
+    import subprocess
+    import sys
+
+    times: dict[str, list[float]] = {name: [] for name in FORMS}
+    for _ in range(rounds):
+        for name, half in FORMS.items():
+            args = [sys.executable, "-c", LOAD, model, draft, "1" if half else "0"]
+            out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+            times[name].append(float(out.strip().splitlines()[-1]))
+    return times
+
+
 def configurations() -> dict[str, TranscribeOptions]:
     from specasr.longform.vad import VadOptions
 
@@ -52,7 +74,14 @@ def configurations() -> dict[str, TranscribeOptions]:
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
-def main(model: str, draft: str, repeats: int, data: str) -> None:
+@click.option(
+    "--load-rounds",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Fresh processes per form timing import + load_pair (0: skip).",
+)
+def main(model: str, draft: str, repeats: int, data: str, load_rounds: int) -> None:
     from specasr.constants import SAMPLE_RATE
     from specasr.research.longform import long_recording
     from specasr.transcription import transcribe
@@ -88,6 +117,14 @@ def main(model: str, draft: str, repeats: int, data: str) -> None:
         wa, wb = (statistics.median(r[1] for r in x) for x in (a, b))
         click.echo(
             f"| {config} | {da:.2f} | {db:.2f} | {da / db:.2f}× | {wa:.2f} | {wb:.2f} | {wa / wb:.2f}× |"
+        )
+
+    if load_rounds:
+        loads = {name: statistics.median(t) for name, t in load_times(model, draft, load_rounds).items()}
+        a, b = loads["fp32-packed"], loads["fp16-packed"]
+        click.echo(
+            f"\nimport + load_pair, fresh processes, median of {load_rounds}: fp32-packed {a:.2f} s, "
+            f"fp16-packed {b:.2f} s ({b - a:+.2f} s)"
         )
 
 

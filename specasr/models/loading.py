@@ -268,7 +268,7 @@ def load_pair(
     (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
     own that decodes autoregressively only) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
-    (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.2 s
+    (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
     more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)

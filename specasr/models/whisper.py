@@ -418,7 +418,7 @@ def use_half_weights(model: Whisper) -> bool:
     `HalfPackedLinear` for few-row passes (`PackedLinear.few`), and the head becomes a
     `HalfPackedHead` (its fp32 blocks rebuilt, from the table, on the first pass of many
     rows). The same fp32 products from half the bytes: a one-token step gets cheaper. The
-    packing costs about 0.2 s for base on two threads (fbgemm packs fp16 slowly and its
+    packing costs about 0.3 s for base in a fresh process (fbgemm packs fp16 slowly and its
     packed form cannot be saved), which a long-lived process (the app, an eval run) earns
     back within a minute of audio and a one-clip CLI run does not: `load_pair(half_weights=)`.
     Returns False, changing nothing, where fbgemm's fp16 GEMM is missing or a weight is not

@@ -46,6 +46,29 @@ def test_a_per_row_int8_product_is_close_to_fp32_and_adds_its_bias():
     torch.testing.assert_close(zero, lin.bias.detach().expand(2, -1))
 
 
+@pytest.mark.parametrize("levels", [63, 127])  # an int8 target's rows, a draft's
+def test_row_quantisation_gives_quantize_per_channel_values_bitwise(levels):
+    """`_quantize_rows` computes in plain ops what torch.quantize_per_channel computes (the
+    values every earlier int8 draft and target ran with): rows of scales from 1e-6 to 1e2,
+    and rows whose values sit exactly on .5 steps of their scale (round half to even)."""
+    import warnings
+
+    from specasr.cpu.linear import _quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(400, 96, generator=g) * 10.0 ** torch.randint(-6, 3, (400, 1), generator=g).float()
+    ties = (torch.arange(-40, 41, dtype=torch.float32) + 0.5)[None, :].repeat(3, 1)
+    ties[:, 0] = levels  # max |w| = levels: the scale is 1, and every other value is a tie
+    for weight in (w, ties):
+        q, scale = _quantize_rows(weight, levels)
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            want = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8).int_repr()
+        assert q.dtype == torch.int8 and torch.equal(q, want)
+        assert int(q.abs().max()) <= levels
+
+
 def test_the_int8_head_is_the_per_row_product_of_its_table():
     table = nn.Parameter(torch.randn(96, 64), requires_grad=False)
     head = Int8Head(table)

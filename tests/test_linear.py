@@ -81,6 +81,37 @@ def test_a_packed_decoder_gives_the_unpacked_logits(runner):
             torch.testing.assert_close(b(block, block.shape[1]), want, atol=1e-4, rtol=1e-4)
 
 
+def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_setting():
+    """`LeanRunner` runs its layers inside `unoptimized_script` (no profiling runs and plans
+    per input signature: start-up time, docs/benchmarks.md): the JIT's optimisation is off
+    during a pass, and the caller's setting is back after it, also after an error."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cpu import scripted as scripted_module
+    from specasr.cpu.lean import LeanDecoder, LeanRunner
+
+    target = random_tiny_pair(seed=3).target
+    states = torch.randn(1, 1500, target.config.d_model, generator=torch.Generator().manual_seed(4))
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068]])
+    seen = []
+    decoder = LeanDecoder(target)
+    step = decoder.layers[0]._step
+    assert step is not None  # this torch scripts the layers: the switch has something to act on
+
+    def spy(*args):
+        seen.append(torch._C._get_graph_executor_optimize())
+        return step(*args)
+
+    decoder.layers[0]._step = spy
+    with torch.inference_mode(), torch.jit.optimized_execution(True):
+        LeanRunner(decoder, states)(tokens, 6)
+        assert seen == [False] and torch._C._get_graph_executor_optimize() is True
+        with pytest.raises(RuntimeError), scripted_module.unoptimized_script():
+            assert torch._C._get_graph_executor_optimize() is False
+            raise RuntimeError("a failed pass")
+        assert torch._C._get_graph_executor_optimize() is True
+
+
 # ---- fp16-packed forms for few-row passes (fp16-exact weights) ---------------------------
 half = pytest.mark.skipif(not half_available(), reason="this torch build has no fbgemm fp16 GEMM")
 

@@ -38,7 +38,7 @@ from specasr.cpu.linear import (
     head_form,
     shared_form,
 )
-from specasr.cpu.scripted import fp32_args, int8_args, scripted
+from specasr.cpu.scripted import fp32_args, int8_args, scripted, unoptimized_script
 from specasr.models.layers import DecoderLayer, embed
 
 
@@ -156,8 +156,9 @@ class LeanRunner:
         else:
             start = max(P)
             x, mask, write = self._ragged(tokens, P)
-        for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
-            x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
+        with unoptimized_script():
+            for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
+                x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
         self.lengths = [p + T for p in P]
         return self.decoder.logits(x[:, -last:])
 

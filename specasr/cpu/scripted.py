@@ -27,6 +27,7 @@ eager.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import List, Optional, Union  # noqa: UP035 (TorchScript)
@@ -206,6 +207,27 @@ def int8_layer_step(
     x = x + int8_product(y, cross_out, cross_out_b, per_row).view(shape)
     h = F.gelu(int8_product(_norm(x, ln3_w, ln3_b, eps), fc1, fc1_b, per_row))
     return x + int8_product(h, fc2, fc2_b, per_row).view(shape)
+
+
+@contextlib.contextmanager
+def unoptimized_script():
+    """Runs the scripted steps called inside without the JIT's graph optimisation (this
+    thread only; the caller's setting is restored). The profiling executor runs every new
+    input signature twice to profile it and then builds an optimised plan: the loop meets
+    many (1–9 rows, ragged or not, each layer kind), and a fresh process paid about 0.07 s
+    (autoregressive 0.1 s) of that in its first window, for nothing: on CPU these graphs have
+    no fusible pattern, and decoding measured the same speed after warm-up either way
+    (docs/benchmarks.md, "Start-up"). The same ops run in the same order."""
+    get = getattr(torch._C, "_get_graph_executor_optimize", None)
+    if get is None:  # a PyTorch without the switch: run as it runs
+        yield
+        return
+    before = get()
+    torch._C._set_graph_executor_optimize(False)
+    try:
+        yield
+    finally:
+        torch._C._set_graph_executor_optimize(before)
 
 
 @functools.cache

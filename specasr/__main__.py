@@ -1,3 +1,3 @@
-from specasr.cli import main
+from specasr.cli import run
 
-main()
+run()

@@ -60,3 +60,48 @@ def test_unloadable_model_is_a_clear_error_in_every_command(tmp_path, librivox):
         result = CliRunner().invoke(main, [*args, "--model", missing])
         assert result.exit_code == 1, (args, result.output)
         assert "cannot load model" in result.stderr and "no-such-model" in result.stderr
+
+
+_PROBE = """
+import atexit, sys
+import click
+from specasr import cli
+
+@cli.main.command("probe")
+@click.argument("how")
+def probe(how):
+    atexit.register(lambda: print("atexit ran", file=sys.stderr))
+    sys.stdout.write("written, not flushed")
+    if how == "message":
+        sys.exit("a message")
+    if how == "status":
+        sys.exit(3)
+    if how == "crash":
+        raise RuntimeError("boom")
+
+sys.argv = ["specasr", "probe", *sys.argv[1:]]
+cli.run()
+"""
+
+
+@pytest.mark.parametrize(
+    "args, status, err",
+    [
+        (["ok"], 0, "atexit ran"),
+        (["message"], 1, "a message"),
+        (["status"], 3, "atexit ran"),
+        ([], 2, "Missing argument"),  # click's usage error
+        (["crash"], 1, "RuntimeError: boom"),  # not a SystemExit: Python's own exit, traceback
+    ],
+)
+def test_the_command_exits_quickly_with_mains_status_output_and_exit_handlers(args, status, err):
+    """`specasr` (`cli.run`) leaves through os._exit after main: the status is main's, what
+    was written to stdout is flushed, and atexit handlers have run."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=120)
+    assert child.returncode == status, child.stderr
+    assert err in child.stderr
+    if args and args[0] != "crash":
+        assert child.stdout == "written, not flushed" and "atexit ran" in child.stderr

@@ -48,15 +48,17 @@ def test_a_per_row_int8_product_is_close_to_fp32_and_adds_its_bias():
 
 @pytest.mark.parametrize("levels", [63, 127])  # an int8 target's rows, a draft's
 def test_row_quantisation_gives_quantize_per_channel_values_bitwise(levels):
-    """`_quantize_rows` computes in plain ops what torch.quantize_per_channel computes (the
-    values every earlier int8 draft and target ran with): rows of scales from 1e-6 to 1e2,
-    and rows whose values sit exactly on .5 steps of their scale (round half to even)."""
+    """`_quantize_rows` computes in plain ops, block by block, what torch.quantize_per_channel
+    computes (the values every earlier int8 draft and target ran with): rows of scales from
+    1e-6 to 1e2 over three blocks, and rows whose values sit exactly on .5 steps of their
+    scale (round half to even)."""
     import warnings
 
-    from specasr.cpu.linear import _quantize_rows
+    from specasr.cpu.linear import _QUANT_BLOCK, _quantize_rows
 
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(400, 96, generator=g) * 10.0 ** torch.randint(-6, 3, (400, 1), generator=g).float()
+    n = 2 * _QUANT_BLOCK + 7  # rows over three blocks
+    w = torch.randn(n, 40, generator=g) * 10.0 ** torch.randint(-6, 3, (n, 1), generator=g).float()
     ties = (torch.arange(-40, 41, dtype=torch.float32) + 0.5)[None, :].repeat(3, 1)
     ties[:, 0] = levels  # max |w| = levels: the scale is 1, and every other value is a tie
     for weight in (w, ties):

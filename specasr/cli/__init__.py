@@ -7,7 +7,10 @@ the group and `models`. Exit codes: 0 success, 1 some input failed (the others w
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import os
+import sys
 
 import click
 
@@ -38,6 +41,33 @@ def _return_freed_memory() -> None:
 def main() -> None:
     """Whisper transcription with exact speculative decoding."""
     _return_freed_memory()
+
+
+def run() -> None:
+    """The `specasr` command (`python -m specasr` too): `main`, then a quick exit. Once main
+    has finished, the atexit handlers run (the app's temporary directory, logging, Ray), stdout
+    and stderr are flushed, and the process ends with main's status through os._exit. What
+    that skips is the interpreter's teardown of torch and the models (destructors, freeing
+    hundreds of MB), about 0.3 s of every run that a finished process does not need
+    (docs/benchmarks.md, "Start-up"). Anything but SystemExit (a crash) leaves the usual way,
+    with its traceback. `main` itself stays a plain click group (tests, embedding)."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()  # noqa: SLF001 (the handlers a normal exit would run, once)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing to keep
+            pass
+    os._exit(code)
 
 
 for _command in (transcribe_command, eval_command, app_command, distill_command, bench_command):

@@ -81,22 +81,6 @@ def test_a_packed_decoder_gives_the_unpacked_logits(runner):
             torch.testing.assert_close(b(block, block.shape[1]), want, atol=1e-4, rtol=1e-4)
 
 
-def test_the_packed_head_builds_the_same_blocks_on_a_pool():
-    """`PackedHead.build(pool=)` (how `load_whisper` packs the head) keeps the blocks in
-    order: the products equal the serial build's and the table's, over 1 and 9 rows."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    table = torch.randn(2 * PackedHead.BLOCK + 300, 32, generator=torch.Generator().manual_seed(5))
-    serial = PackedHead.build(table)
-    with ThreadPoolExecutor(2) as pool:
-        pooled = PackedHead.build(table, pool=pool)
-    assert len(pooled.blocks) == 3
-    for rows in (1, 9):
-        x = torch.randn(rows, 32)
-        assert torch.equal(pooled(x), serial(x))
-        torch.testing.assert_close(pooled(x), x @ table.t(), atol=1e-4, rtol=1e-4)
-
-
 def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_setting():
     """`LeanRunner` runs its layers inside `unoptimized_script` (no profiling runs and plans
     per input signature: start-up time, docs/benchmarks.md): the JIT's optimisation is off

@@ -195,19 +195,16 @@ class PackedHead(nn.Module):
         self.out_features = weight.shape[0]
 
     @classmethod
-    def build(cls, weight: Tensor, rows=None, pool=None) -> PackedHead | None:
+    def build(cls, weight: Tensor, rows=None) -> PackedHead | None:
         """Packs `weight` [out, in] fp32 in BLOCK-row blocks; rows(start, stop) supplies each
-        block's W rows (default: slices of weight). pool: an executor to read and pack the
-        blocks in parallel (each pack runs on one thread). None where oneDNN linear is missing."""
+        block's W rows (default: slices of weight). None where oneDNN linear is missing."""
         rows = rows or (lambda a, b: weight[a:b].contiguous())
-
-        def one(start: int) -> Tensor | None:
-            return _onednn_pack(rows(start, min(start + cls.BLOCK, weight.shape[0])))
-
-        starts = range(0, weight.shape[0], cls.BLOCK)
-        blocks = list(pool.map(one, starts) if pool is not None else map(one, starts))
-        if any(b is None for b in blocks):
-            return None
+        blocks = []
+        for start in range(0, weight.shape[0], cls.BLOCK):
+            packed = _onednn_pack(rows(start, min(start + cls.BLOCK, weight.shape[0])))
+            if packed is None:
+                return None
+            blocks.append(packed)
         return cls(weight, blocks)
 
     def forward(self, x: Tensor) -> Tensor:

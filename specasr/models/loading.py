@@ -121,14 +121,7 @@ def _load_dir(
     device: torch.device,
     pack: bool = True,
 ) -> tuple[Whisper, Tokenizer]:
-    """The model and its tokenizer. The tokenizer's JSON (0.1 s for Whisper's, parsed in
-    Rust with the GIL mostly free) loads on a thread beside the weights."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        tokenizer = pool.submit(Tokenizer.from_file, tokenizer_file)
-        model = load_whisper(source, dtype, device, pack)
-        return model, tokenizer.result()
+    return load_whisper(source, dtype, device, pack), Tokenizer.from_file(tokenizer_file)
 
 
 def _hub_dir(repo_id: str) -> Path:

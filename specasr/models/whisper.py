@@ -403,11 +403,7 @@ def load_whisper(
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
     if mapped_embed and pack:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:  # 0.12 -> 0.07 s on 2 cores
-            rows = lambda a, b: mapped.read_rows(main, where, a, b)  # noqa: E731
-            head = PackedHead.build(model.proj_out.weight, rows, pool=pool)
+        head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
         if head is not None:
             model.use_head_form(head)
     del tensors  # the decoder's Wᵀ storage goes once its matrices are packed

@@ -1,0 +1,145 @@
+"""Where a fresh `specasr transcribe` process spends its time, phase by phase (issue 17).
+
+    python -m specasr.research.startup --repeats 5 [--mode exact] [-- CLI options]
+
+`research.whole_process` gives the wall time of the whole command against faster-whisper;
+this splits the same command into its phases. Each run is a fresh process (the clip: the
+bundled example unless `--clip`) that marks, with perf_counter:
+- python: from the parent's start of the process to the first line of the child (interpreter
+  start, site), the parent's wall minus the child's own clock;
+- import torch; import specasr (the CLI and the modules it imports before loading);
+- load: target (`load_pair` less the draft) and draft (`load_draft` + `quantize_int8`);
+- encode (`ModelPair.encode`: log-Mel is outside it) and the rest of the run (audio, log-Mel,
+  language detection, decoding, writing);
+- exit: from the end of `main` to the end of the process (atexit handlers; `cli.run` skips the
+  interpreter's teardown).
+The table gives the median of each phase over the runs, after one warm-up run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import click
+
+from specasr.research.whole_process import run_measured
+
+CHILD = """
+import sys, time
+T = {"start": time.perf_counter()}
+import torch
+T["import torch"] = time.perf_counter()
+import specasr.cli
+import specasr.models.draft as D
+import specasr.models.loading as L
+T["import specasr"] = time.perf_counter()
+spent = {"draft": 0.0, "encode": 0.0, "load": 0.0}
+
+def timed(key, f):
+    def g(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            spent[key] += time.perf_counter() - t0
+    return g
+
+L.load_pair = timed("load", L.load_pair)
+L.load_draft = timed("draft", L.load_draft)
+D.DistilledDraft.quantize_int8 = timed("draft", D.DistilledDraft.quantize_int8)
+L.ModelPair.encode = timed("encode", L.ModelPair.encode)
+
+def report():
+    T["main end"] = time.perf_counter()
+    print("PHASES " + __import__("json").dumps({"marks": T, "spent": spent}), file=sys.stderr)
+
+import atexit
+atexit.register(report)
+sys.argv = ["specasr", "transcribe", *sys.argv[1:]]
+specasr.cli.run()
+"""
+
+PHASES = (
+    "python",
+    "import torch",
+    "import specasr",
+    "load target",
+    "load draft",
+    "encode",
+    "rest of run",
+    "exit",
+)
+
+
+def phases(wall: float, bare: float, marks: dict, spent: dict) -> dict[str, float]:
+    """One run's phases in seconds. wall: the parent's, of the whole process; bare: a
+    `python -c pass` process's wall, taken as the interpreter's start. The child's clock runs
+    from its first line to the end of main; what the parent saw beyond it is start + exit."""
+    t = marks
+    inside = t["main end"] - t["start"]
+    run = t["main end"] - t["import specasr"]
+    start = min(bare, wall - inside)
+    return {
+        "python": start,
+        "import torch": t["import torch"] - t["start"],
+        "import specasr": t["import specasr"] - t["import torch"],
+        "load target": spent["load"] - spent["draft"],
+        "load draft": spent["draft"],
+        "encode": spent["encode"],
+        "rest of run": run - spent["load"] - spent["encode"],
+        "exit": wall - inside - start,
+    }
+
+
+def run_once(args: list[str], bare: float) -> tuple[float, dict[str, float]]:
+    """(wall seconds, phases) of one fresh `specasr transcribe ARGS` process."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", CHILD, *args], stdout=subprocess.DEVNULL, stderr=err)
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        text = err.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"specasr transcribe {' '.join(args)} failed ({proc.returncode}): {text[-500:]}")
+    data = json.loads(next(x for x in text.splitlines() if x.startswith("PHASES ")).removeprefix("PHASES "))
+    return wall, phases(wall, bare, data["marks"], data["spent"])
+
+
+def measure(args: list[str], repeats: int) -> tuple[float, dict[str, float]]:
+    """Median wall and median of each phase over `repeats` fresh processes, after a warm-up
+    (the conversion cache and the page cache)."""
+    bare = statistics.median(run_measured([sys.executable, "-c", "pass"])[0] for _ in range(5))
+    run_once(args, bare)
+    runs = [run_once(args, bare) for _ in range(repeats)]
+    return statistics.median(w for w, _ in runs), {
+        n: statistics.median(p[n] for _, p in runs) for n in PHASES
+    }
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--repeats", type=int, default=5, show_default=True)
+@click.option("--mode", default="exact", show_default=True)
+@click.option(
+    "--clip", type=click.Path(exists=True, dir_okay=False), default=None, help="Default: the bundled example."
+)
+@click.argument("cli_args", nargs=-1, type=click.UNPROCESSED)
+def main(repeats: int, mode: str, clip: str | None, cli_args: tuple[str, ...]) -> None:
+    from importlib.resources import files
+
+    clip = clip or str(files("specasr") / "assets" / "example.wav")
+    args = [clip, "--mode", mode, *cli_args]
+    wall, medians = measure(args, repeats)
+    click.echo(f"specasr transcribe {' '.join(args)}: {repeats} fresh processes, median wall {wall:.2f} s\n")
+    click.echo("| phase | s (median) | share of the wall |\n|---|---|---|")
+    for name, s in medians.items():
+        click.echo(f"| {name} | {s:.3f} | {s / wall:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,10 @@ def run() -> None:
     elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
         print(code, file=sys.stderr)
         code = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 (the handlers a normal exit would run, once)
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere exit as usual
+    if run_handlers is None:
+        sys.exit(code)
+    run_handlers()  # the handlers a normal exit would run, once
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specasr.research.startup import PHASES, measure, phases
+from specasr.research.startup import PHASES, fw_phases, measure, phases
 
 
 def test_the_phases_split_the_wall_the_parent_saw():
@@ -26,6 +26,13 @@ def test_the_phases_split_the_wall_the_parent_saw():
     }
     assert got == pytest.approx(want)
     assert sum(got.values()) == pytest.approx(3.5)
+
+
+def test_faster_whispers_phases_split_its_wall_alike():
+    marks = {"start": 5.0, "import": 5.2, "load": 5.65, "main end": 7.0}
+    got = fw_phases(wall=2.3, bare=0.05, marks=marks)
+    want = {"python": 0.05, "import": 0.2, "load": 0.45, "transcribe": 1.35, "exit": 0.25}
+    assert got == pytest.approx(want) and sum(got.values()) == pytest.approx(2.3)
 
 
 @pytest.mark.slow  # base and its draft, loaded in fresh processes

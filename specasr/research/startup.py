@@ -1,18 +1,20 @@
 """Where a fresh `specasr transcribe` process spends its time, phase by phase (issue 17).
 
-    python -m specasr.research.startup --repeats 5 [--mode exact] [-- CLI options]
+    python -m specasr.research.startup --repeats 5 [--mode exact] [--faster-whisper] [-- CLI options]
 
 `research.whole_process` gives the wall time of the whole command against faster-whisper;
-this splits the same command into its phases. Each run is a fresh process (the clip: the
-bundled example unless `--clip`) that marks, with perf_counter:
-- python: from the parent's start of the process to the first line of the child (interpreter
-  start, site), the parent's wall minus the child's own clock;
+this splits the same command into its phases (and, with `--faster-whisper`, a plain
+faster-whisper script on the same weights into its import, load, transcription and exit).
+Each run is a fresh process (the clip: the bundled example unless `--clip`) that marks, with
+perf_counter:
+- python: the interpreter's start (site included), taken as a bare `python -c pass` process's
+  wall, at most what the parent saw outside the child's own clock;
 - import torch; import specasr (the CLI and the modules it imports before loading);
 - load: target (`load_pair` less the draft) and draft (`load_draft` + `quantize_int8`);
 - encode (`ModelPair.encode`: log-Mel is outside it) and the rest of the run (audio, log-Mel,
   language detection, decoding, writing);
-- exit: from the end of `main` to the end of the process (atexit handlers; `cli.run` skips the
-  interpreter's teardown).
+- exit: the rest of what the parent saw outside the child's clock, from the end of `main` to
+  the end of the process (atexit handlers; `cli.run` skips the interpreter's teardown).
 The table gives the median of each phase over the runs, after one warm-up run.
 """
 
@@ -62,6 +64,19 @@ sys.argv = ["specasr", "transcribe", *sys.argv[1:]]
 specasr.cli.run()
 """
 
+FW_CHILD = """
+import sys, time
+T = {"start": time.perf_counter()}
+from faster_whisper import WhisperModel
+T["import"] = time.perf_counter()
+model = WhisperModel(sys.argv[1], device="cpu", compute_type="float32", cpu_threads=int(sys.argv[3]))
+T["load"] = time.perf_counter()
+segments, _ = model.transcribe(sys.argv[2], beam_size=1, best_of=1, language="en", vad_filter=False)
+text = " ".join(s.text for s in segments)
+T["main end"] = time.perf_counter()
+print("PHASES " + __import__("json").dumps({"marks": T}), file=sys.stderr)
+"""
+
 PHASES = (
     "python",
     "import torch",
@@ -94,32 +109,72 @@ def phases(wall: float, bare: float, marks: dict, spent: dict) -> dict[str, floa
     }
 
 
-def run_once(args: list[str], bare: float) -> tuple[float, dict[str, float]]:
-    """(wall seconds, phases) of one fresh `specasr transcribe ARGS` process."""
+def fw_phases(wall: float, bare: float, marks: dict) -> dict[str, float]:
+    """faster-whisper's phases from one run: its import, model load, and transcription
+    (encoder and decoder together), split from the interpreter's start and exit as above."""
+    t = marks
+    start = min(bare, wall - (t["main end"] - t["start"]))
+    return {
+        "python": start,
+        "import": t["import"] - t["start"],
+        "load": t["load"] - t["import"],
+        "transcribe": t["main end"] - t["load"],
+        "exit": wall - (t["main end"] - t["start"]) - start,
+    }
+
+
+def _child(script: str, args: list[str]) -> tuple[float, dict]:
+    """(wall seconds, the PHASES record) of one fresh `python -c script args` process."""
     import subprocess
     import tempfile
 
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", CHILD, *args], stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.run([sys.executable, "-c", script, *args], stdout=subprocess.DEVNULL, stderr=err)
         wall = time.perf_counter() - t0
         err.seek(0)
         text = err.read()
     if proc.returncode != 0:
-        raise RuntimeError(f"specasr transcribe {' '.join(args)} failed ({proc.returncode}): {text[-500:]}")
-    data = json.loads(next(x for x in text.splitlines() if x.startswith("PHASES ")).removeprefix("PHASES "))
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {text[-500:]}")
+    return wall, json.loads(
+        next(x for x in text.splitlines() if x.startswith("PHASES ")).removeprefix("PHASES ")
+    )
+
+
+def run_once(args: list[str], bare: float) -> tuple[float, dict[str, float]]:
+    """(wall seconds, phases) of one fresh `specasr transcribe ARGS` process."""
+    wall, data = _child(CHILD, args)
     return wall, phases(wall, bare, data["marks"], data["spent"])
 
 
-def measure(args: list[str], repeats: int) -> tuple[float, dict[str, float]]:
-    """Median wall and median of each phase over `repeats` fresh processes, after a warm-up
-    (the conversion cache and the page cache)."""
-    bare = statistics.median(run_measured([sys.executable, "-c", "pass"])[0] for _ in range(5))
-    run_once(args, bare)
-    runs = [run_once(args, bare) for _ in range(repeats)]
+def _medians(one, repeats: int) -> tuple[float, dict[str, float]]:
+    one()  # warm-up: the conversion cache and the page cache
+    runs = [one() for _ in range(repeats)]
     return statistics.median(w for w, _ in runs), {
-        n: statistics.median(p[n] for _, p in runs) for n in PHASES
+        n: statistics.median(p[n] for _, p in runs) for n in runs[0][1]
     }
+
+
+def bare_start() -> float:
+    """The wall of `python -c pass`: the interpreter's start (and its own exit)."""
+    return statistics.median(run_measured([sys.executable, "-c", "pass"])[0] for _ in range(5))
+
+
+def measure(args: list[str], repeats: int) -> tuple[float, dict[str, float]]:
+    """Median wall and median of each phase over `repeats` fresh processes, after a warm-up."""
+    bare = bare_start()
+    return _medians(lambda: run_once(args, bare), repeats)
+
+
+def measure_fw(ct2: str, clip: str, threads: int, repeats: int) -> tuple[float, dict[str, float]]:
+    """The same for a plain faster-whisper script (fp32, greedy, `en`) on CTranslate2 files."""
+    bare = bare_start()
+
+    def one():
+        wall, data = _child(FW_CHILD, [ct2, clip, str(threads)])
+        return wall, fw_phases(wall, bare, data["marks"])
+
+    return _medians(one, repeats)
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -128,9 +183,21 @@ def measure(args: list[str], repeats: int) -> tuple[float, dict[str, float]]:
 @click.option(
     "--clip", type=click.Path(exists=True, dir_okay=False), default=None, help="Default: the bundled example."
 )
+@click.option(
+    "--faster-whisper/--no-faster-whisper",
+    "with_fw",
+    default=False,
+    help="Also faster-whisper fp32 on the same weights (the `bench` extra), for comparison.",
+)
 @click.argument("cli_args", nargs=-1, type=click.UNPROCESSED)
-def main(repeats: int, mode: str, clip: str | None, cli_args: tuple[str, ...]) -> None:
+def main(repeats: int, mode: str, clip: str | None, with_fw: bool, cli_args: tuple[str, ...]) -> None:
+    import os
+    import shutil
+    import tempfile
     from importlib.resources import files
+    from pathlib import Path
+
+    from specasr.research.whole_process import ct2_dir
 
     clip = clip or str(files("specasr") / "assets" / "example.wav")
     args = [clip, "--mode", mode, *cli_args]
@@ -139,6 +206,16 @@ def main(repeats: int, mode: str, clip: str | None, cli_args: tuple[str, ...]) -
     click.echo("| phase | s (median) | share of the wall |\n|---|---|---|")
     for name, s in medians.items():
         click.echo(f"| {name} | {s:.3f} | {s / wall:.0%} |")
+    if with_fw:
+        work = Path(tempfile.mkdtemp(prefix="specasr-startup-"))
+        try:
+            fw_wall, fw = measure_fw(str(ct2_dir(work)), clip, os.cpu_count() or 1, repeats)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        click.echo(f"\nfaster-whisper fp32, same clip and weights: median wall {fw_wall:.2f} s\n")
+        click.echo("| phase | s (median) | share of the wall |\n|---|---|---|")
+        for name, s in fw.items():
+            click.echo(f"| {name} | {s:.3f} | {s / fw_wall:.0%} |")
 
 
 if __name__ == "__main__":

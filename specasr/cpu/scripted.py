@@ -218,16 +218,20 @@ def unoptimized_script():
     (autoregressive 0.1 s) of that in its first window, for nothing: on CPU these graphs have
     no fusible pattern, and decoding measured the same speed after warm-up either way
     (docs/benchmarks.md, "Start-up"). The same ops run in the same order."""
-    get = getattr(torch._C, "_get_graph_executor_optimize", None)
-    if get is None:  # a PyTorch without the switch: run as it runs
+    if _GET_OPTIMIZE is None or _SET_OPTIMIZE is None:  # a PyTorch without the switch: run as it runs
         yield
         return
-    before = get()
-    torch._C._set_graph_executor_optimize(False)
+    before = _GET_OPTIMIZE()
+    _SET_OPTIMIZE(False)
     try:
         yield
     finally:
-        torch._C._set_graph_executor_optimize(before)
+        _SET_OPTIMIZE(before)
+
+
+# the graph executor's thread-local switch, looked up once (every decoder pass enters it)
+_GET_OPTIMIZE = getattr(torch._C, "_get_graph_executor_optimize", None)
+_SET_OPTIMIZE = getattr(torch._C, "_set_graph_executor_optimize", None)
 
 
 @functools.cache

@@ -27,7 +27,7 @@ import time
 
 import click
 
-from specasr.research.whole_process import run_measured
+from specasr.research.whole_process import FW_SCRIPT, run_measured
 
 CHILD = """
 import sys, time
@@ -64,19 +64,6 @@ sys.argv = ["specasr", "transcribe", *sys.argv[1:]]
 specasr.cli.run()
 """
 
-FW_CHILD = """
-import sys, time
-T = {"start": time.perf_counter()}
-from faster_whisper import WhisperModel
-T["import"] = time.perf_counter()
-model = WhisperModel(sys.argv[1], device="cpu", compute_type="float32", cpu_threads=int(sys.argv[3]))
-T["load"] = time.perf_counter()
-segments, _ = model.transcribe(sys.argv[2], beam_size=1, best_of=1, language="en", vad_filter=False)
-text = " ".join(s.text for s in segments)
-T["main end"] = time.perf_counter()
-print("PHASES " + __import__("json").dumps({"marks": T}), file=sys.stderr)
-"""
-
 PHASES = (
     "python",
     "import torch",
@@ -89,14 +76,20 @@ PHASES = (
 )
 
 
+def _outside(wall: float, bare: float, inside: float) -> tuple[float, float]:
+    """(interpreter start, exit): what the parent saw outside the child's own clock (`inside`,
+    its first line to the end of its work), the start taken as a bare interpreter's wall
+    (`bare`, at most all of it) and the exit as the rest."""
+    start = min(bare, wall - inside)
+    return start, wall - inside - start
+
+
 def phases(wall: float, bare: float, marks: dict, spent: dict) -> dict[str, float]:
     """One run's phases in seconds. wall: the parent's, of the whole process; bare: a
-    `python -c pass` process's wall, taken as the interpreter's start. The child's clock runs
-    from its first line to the end of main; what the parent saw beyond it is start + exit."""
+    `python -c pass` process's wall, taken as the interpreter's start."""
     t = marks
-    inside = t["main end"] - t["start"]
+    start, exit_ = _outside(wall, bare, t["main end"] - t["start"])
     run = t["main end"] - t["import specasr"]
-    start = min(bare, wall - inside)
     return {
         "python": start,
         "import torch": t["import torch"] - t["start"],
@@ -105,21 +98,21 @@ def phases(wall: float, bare: float, marks: dict, spent: dict) -> dict[str, floa
         "load draft": spent["draft"],
         "encode": spent["encode"],
         "rest of run": run - spent["load"] - spent["encode"],
-        "exit": wall - inside - start,
+        "exit": exit_,
     }
 
 
 def fw_phases(wall: float, bare: float, marks: dict) -> dict[str, float]:
-    """faster-whisper's phases from one run: its import, model load, and transcription
-    (encoder and decoder together), split from the interpreter's start and exit as above."""
+    """faster-whisper's phases from one run of `whole_process.FW_SCRIPT`: its import, model
+    load, and transcription (encoder and decoder together), start and exit as above."""
     t = marks
-    start = min(bare, wall - (t["main end"] - t["start"]))
+    start, exit_ = _outside(wall, bare, t["main end"] - t["start"])
     return {
         "python": start,
         "import": t["import"] - t["start"],
         "load": t["load"] - t["import"],
         "transcribe": t["main end"] - t["load"],
-        "exit": wall - (t["main end"] - t["start"]) - start,
+        "exit": exit_,
     }
 
 
@@ -171,7 +164,7 @@ def measure_fw(ct2: str, clip: str, threads: int, repeats: int) -> tuple[float, 
     bare = bare_start()
 
     def one():
-        wall, data = _child(FW_CHILD, [ct2, clip, str(threads)])
+        wall, data = _child(FW_SCRIPT, [ct2, "float32", str(threads), clip])
         return wall, fw_phases(wall, bare, data["marks"])
 
     return _medians(one, repeats)

@@ -32,13 +32,19 @@ from pathlib import Path
 
 import click
 
+# stdout: the transcript; stderr: a PHASES line of perf_counter marks (`research.startup`)
 FW_SCRIPT = """
-import sys
+import json, sys, time
+T = {"start": time.perf_counter()}
 from faster_whisper import WhisperModel
+T["import"] = time.perf_counter()
 model_dir, compute_type, threads, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 model = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
+T["load"] = time.perf_counter()
 segments, _ = model.transcribe(path, beam_size=1, best_of=1, language="en", vad_filter=False)
 print(" ".join(s.text.strip() for s in segments))
+T["main end"] = time.perf_counter()
+print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
 """
 
 # os._exit: the interpreter's teardown (about 0.3 s) is not part of import + load

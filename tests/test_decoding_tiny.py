@@ -21,6 +21,7 @@ from specasr.decode.runners import make_runner
 from specasr.decode.step import Hooks, Pass
 from specasr.decode.stop import confidence
 from specasr.decode.task import start_sequence
+from specasr.models.draft import DistilledDraft
 from specasr.options import DecodeOptions
 
 MAX_NEW = 40
@@ -337,3 +338,17 @@ def test_no_speech_prob_is_read_at_the_sot_row_after_a_prompt(tiny, mode):
         logits = hf_logits(tiny.target, tiny.tokenizer, states, torch.tensor([init]))  # [1, L, V]
     expected = torch.softmax(logits[0, sot].float(), -1)[tiny.tokenizer.no_speech].item()
     assert sot > 0 and result.no_speech_prob == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_sampling_with_a_reduced_vocabulary_draft_matches_target_distribution(sampling_setup):
+    """A distilled draft proposes from its own columns (`Proposal.columns`): filters, the
+    race and the stop read reduced rows, and the verifier gets them back over the whole
+    vocabulary. Half the tokens are off its vocabulary, so the residual must carry them."""
+    pair, mel, opts, exact, bound = sampling_setup
+    t = pair.target
+    ids = torch.tensor(sorted({pair.tokenizer.eot, *range(0, pair.vocab_size, 2)}))
+    reduced = replace(pair, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
+    counts = _sample_outcomes(reduced, mel, replace(opts, mode="exact"), Hooks(stop=ParityStop()))
+    tv = _tv(counts, N_SAMPLES, exact)
+    print(f"TV(reduced draft, target) = {tv:.4f}; bound = {bound:.4f}")
+    assert tv <= bound

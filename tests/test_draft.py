@@ -16,6 +16,7 @@ from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
 from specasr.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
 from specasr.decode.loop import decode
 from specasr.decode.runners import make_runner
+from specasr.decode.step import Hooks
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.options import DecodeOptions
 
@@ -113,6 +114,29 @@ def test_speculative_with_reduced_vocabulary_draft_is_exact(tiny, timestamps):
         spec = decode(pair, mel, replace(opts, mode=mode))
         assert [r.tokens for r in spec] == [r.tokens for r in ar]
         assert spec[0].stats.proposed > 0
+
+
+def test_reduced_rows_propose_what_full_rows_propose(tiny, monkeypatch):
+    """The loop keeps a distilled draft's rows over its own vocabulary (`LeanRunner.vocab`);
+    at T = 0 with timestamps and the confidence stop, every proposal, stop and acceptance
+    equals the full-row path's (a draft whose vocab_ids are not ascending takes it)."""
+    t = tiny.target
+    ids = torch.tensor(sorted({tiny.tokenizer.eot, *range(0, 51865, 2)}))
+    pair = replace(tiny, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
+    assert pair.draft.reduced_vocab == ids.tolist()
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(4))
+    opts = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=40, draft_stop=0.6)
+
+    def run():
+        seen = []
+        hooks = Hooks(on_pass=lambda p: seen.append((p.proposal.tokens, p.accepted)))
+        res = decode(pair, mel, opts, hooks=hooks)
+        return [r.tokens for r in res], seen, res[0].stats.draft_stops
+
+    reduced = run()
+    monkeypatch.setattr(DistilledDraft, "reduced_vocab", property(lambda self: None))
+    full = run()
+    assert reduced == full and len(reduced[1]) > 3
 
 
 def test_a_perfect_draft_is_never_rejected_and_per_token_alpha_is_one(tiny):

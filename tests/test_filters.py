@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from tiny_pairs import random_tiny_pair
 
-from specasr.decode.filters import TimestampRules
+from specasr.decode.filters import TimestampRules, apply_filters, build_filters, on_vocab
 
 
 def _rules():
@@ -58,3 +58,39 @@ def test_grammar_pairs_and_monotone_timestamps():
     assert torch.isinf(rows[1, tb : tb + 11]).all() and torch.isfinite(rows[1, tb + 11]).all()
     assert torch.isinf(rows[2, : tok.eot]).all() and torch.isinf(rows[2, tb : tb + 30]).all()
     assert torch.isfinite(rows[2, tb + 30])  # (eot too was allowed, until the uniform row forced a timestamp)
+
+
+def test_reduced_rows_keep_the_full_chains_logits():
+    """`on_vocab`: the chain on rows over a sorted token subset (a distilled draft's columns)
+    leaves exactly the logits the full chain leaves on those tokens, in every grammar state,
+    with timestamps missing from the subset and rows where the timestamp mass wins."""
+    tok = random_tiny_pair(seed=0).tokenizer
+    tb, V = tok.timestamp_begin, 51865
+    chain = build_filters(
+        tok,
+        vocab_size=V,
+        sample_begin=4,
+        suppress_tokens=[220, 1001, 1002, 50360],
+        begin_suppress_tokens=[220, tok.eot],
+        suppress_blank=True,
+        timestamps=True,
+    )
+    ids = {tok.eot, tok.no_timestamps, 220, 1001, *range(0, tb, 3), *range(tb, V, 2), tb + 11, tb + 31}
+    ids = sorted(ids)
+    g = torch.Generator().manual_seed(1)
+    contexts = [
+        [0, 1, 2, 3],  # nothing sampled
+        [0, 1, 2, 3, tb + 10, 440],  # open segment after text
+        [0, 1, 2, 3, tb + 10, 440, tb + 30],  # open timestamp
+        [0, 1, 2, 3, tb + 10, 440, tb + 30, tb + 30],  # closed pair
+        [0, 1, 2, 3, 440, 2068],  # text only
+    ] * 4
+    full = torch.full((len(contexts), V), float("-inf"))
+    full[:, ids] = torch.randn(len(contexts), len(ids), generator=g) * 3
+    full[10:, tb:] += 8.0  # the last rows: timestamps together outweigh any text token
+    reduced = full[:, ids].clone()
+    apply_filters(chain, full, contexts)
+    apply_filters(on_vocab(chain, ids), reduced, contexts)
+    assert torch.equal(full[:, ids], reduced)
+    forced = torch.isinf(reduced[:, : ids.index(tok.eot) + 1]).all(dim=-1)
+    assert forced.any() and not forced.all()  # both branches of the mass rule ran

@@ -143,9 +143,21 @@ class LeanRunner:
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
 
+    @property
+    def vocab(self) -> list[int] | None:
+        """A decoder with a reduced vocabulary (a distilled draft): the token each column of its
+        `reduced=True` logits scores, ascending; None for a full-vocabulary decoder."""
+        return getattr(self.decoder, "reduced_vocab", None)
+
+    @property
+    def columns(self) -> Tensor:
+        """`vocab` as a tensor [N] on the decoder's device (a reduced-vocabulary decoder only)."""
+        return self.decoder.vocab_ids
+
     @torch.inference_mode()
-    def __call__(self, tokens: Tensor, last: int) -> Tensor:
-        """tokens [B, T], row b's at positions lengths[b] … lengths[b]+T-1 -> logits [B, last, V]."""
+    def __call__(self, tokens: Tensor, last: int, reduced: bool = False) -> Tensor:
+        """tokens [B, T], row b's at positions lengths[b] … lengths[b]+T-1 -> logits [B, last, V],
+        or, reduced (only when `vocab` is not None), [B, last, N] over the columns `vocab`."""
         P, T = self.lengths, tokens.shape[1]
         start, write = P[0], None
         if min(P) == max(P):  # rows alike (always at B = 1): one slice, one causal mask or none
@@ -160,6 +172,8 @@ class LeanRunner:
             for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
                 x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
         self.lengths = [p + T for p in P]
+        if reduced:
+            return self.decoder.reduced_logits(x[:, -last:])
         return self.decoder.logits(x[:, -last:])
 
     def _ragged(self, tokens: Tensor, P: list[int]) -> tuple[Tensor, Tensor, Tensor]:

@@ -5,10 +5,17 @@ The speculative loop calls them on γ+1 target rows and γ draft rows at once, w
 of a proposal has the context ``prefix + d1 … di``; autoregressive decoding calls them on
 one row per sequence. The same filters on the same contexts are what make speculative
 output identical to target-only output.
+
+A distilled draft scores only its own vocabulary (`models.draft`: every other token has
+probability 0), so its rows can stay reduced [n_rows, N]: `on_vocab` restates a chain for
+rows whose column j scores token ids[j], with ids ascending. It leaves the same finite logits
+as filtering the full row, at a third of the width.
 """
 
 from __future__ import annotations
 
+import copy
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +32,17 @@ class LogitFilter:
         """logits: Tensor, shape = (n_rows, vocab); contexts: n_rows token lists (prompt included)."""
         raise NotImplementedError
 
+    def on_vocab(self, ids: list[int]) -> LogitFilter:
+        """This filter on reduced rows: column j scores token ids[j] (ids ascending)."""
+        raise NotImplementedError
+
+
+def _columns(ids: list[int], tokens: Sequence[int]) -> list[int]:
+    """The columns of reduced rows (ids ascending) that score any of `tokens`."""
+    wanted = set(tokens)
+    cols = (bisect_left(ids, t) for t in sorted(wanted))
+    return [j for j in cols if j < len(ids) and ids[j] in wanted]
+
 
 class SuppressTokens(LogitFilter):
     """Never emit these tokens (non-speech symbols and the task/control tokens)."""
@@ -38,6 +56,10 @@ class SuppressTokens(LogitFilter):
         if ids is None:
             ids = self._on[logits.device] = self.ids.to(logits.device)
         logits[:, ids] = NEG_INF
+
+    def on_vocab(self, ids: list[int]) -> SuppressTokens:
+        cols = _columns(ids, self.ids.tolist())
+        return SuppressTokens(cols, len(ids))
 
 
 class SuppressAtBegin(LogitFilter):
@@ -55,6 +77,9 @@ class SuppressAtBegin(LogitFilter):
                 torch.tensor(self.ids, device=logits.device),
             ] = NEG_INF
 
+    def on_vocab(self, ids: list[int]) -> SuppressAtBegin:
+        return SuppressAtBegin(_columns(ids, self.ids), self.sample_begin)
+
 
 class TimestampRules(LogitFilter):
     """Whisper's timestamp grammar: timestamps come in pairs, never decrease, and the first
@@ -71,9 +96,24 @@ class TimestampRules(LogitFilter):
             None if max_initial_timestamp is None else round(max_initial_timestamp / SECONDS_PER_TIMESTAMP)
         )
 
+    _ids: list[int] | None = None  # reduced rows: the token each column scores (`on_vocab`)
+
+    def on_vocab(self, ids: list[int]) -> TimestampRules:
+        out = copy.copy(self)
+        out._ids = ids
+        return out
+
+    def _col(self, token: int) -> int:
+        """The first column scoring `token` or a later one: the token itself on full rows."""
+        return token if self._ids is None else bisect_left(self._ids, token)
+
     def apply(self, logits: Tensor, contexts: Sequence[Sequence[int]]) -> None:
-        logits.select(1, self.no_timestamps).fill_(NEG_INF)
-        tb = self.ts_begin
+        # contexts hold token ids; slices of `logits` are columns (`_col`: the same on full rows)
+        col, tb = self._col, self.ts_begin
+        no_ts = col(self.no_timestamps)
+        if self._ids is None or (no_ts < len(self._ids) and self._ids[no_ts] == self.no_timestamps):
+            logits.select(1, no_ts).fill_(NEG_INF)
+        ctb = col(tb)
         for k, ctx in enumerate(contexts):
             sampled = ctx[self.sample_begin :]
             row = logits[k]
@@ -81,24 +121,24 @@ class TimestampRules(LogitFilter):
             penultimate_ts = len(sampled) < 2 or sampled[-2] >= tb
             if last_ts:
                 if penultimate_ts:  # a closed pair: text (or eot) must follow
-                    row[tb:] = NEG_INF
+                    row[ctb:] = NEG_INF
                 else:  # an open timestamp: close it with a timestamp or end
-                    row[: self.eot] = NEG_INF
+                    row[: col(self.eot)] = NEG_INF
             stamps = [t for t in sampled if t >= tb]
             if stamps:
                 # never go back in time; after an open timestamp, a zero-length segment is allowed
                 floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
-                row[tb:floor] = NEG_INF
+                row[ctb : col(floor)] = NEG_INF
             if not sampled:
-                row[:tb] = NEG_INF
+                row[:ctb] = NEG_INF
                 if self.max_initial_index is not None:
-                    row[tb + self.max_initial_index + 1 :] = NEG_INF
+                    row[col(tb + self.max_initial_index + 1) :] = NEG_INF
         # if timestamps as a whole are likelier than any single text token, emit a timestamp:
         # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V
-        ts_mass = torch.logsumexp(logits[:, tb:].float(), dim=-1)  # [k]
-        text_max = logits[:, :tb].float().amax(dim=-1)  # [k]
+        ts_mass = torch.logsumexp(logits[:, ctb:].float(), dim=-1)  # [k]
+        text_max = logits[:, :ctb].float().amax(dim=-1)  # [k]
         for k in torch.nonzero(ts_mass > text_max).flatten().tolist():  # a row loop beats a mask index
-            logits[k, :tb] = NEG_INF
+            logits[k, :ctb] = NEG_INF
 
 
 def build_filters(
@@ -132,6 +172,13 @@ def build_filters(
 def apply_filters(filters: Sequence[LogitFilter], logits: Tensor, contexts: Sequence[Sequence[int]]) -> None:
     for f in filters:
         f.apply(logits, contexts)
+
+
+def on_vocab(filters: Sequence[LogitFilter], ids: list[int]) -> list[LogitFilter]:
+    """The chain for reduced rows whose column j scores token ids[j] (ids ascending): the
+    finite logits it leaves are those the full chain leaves on the same tokens. The caller
+    guarantees the order (`DistilledDraft.reduced_vocab` checks it once)."""
+    return [f.on_vocab(ids) for f in filters]
 
 
 def static_masks(filters: Sequence[LogitFilter], vocab_size: int, device) -> tuple[Tensor, Tensor]:

@@ -22,7 +22,10 @@ from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
 
 
 class Runner(Protocol):
-    """What the decoding loop needs of a decoder and its cache."""
+    """What the decoding loop needs of a decoder and its cache. A runner over a reduced
+    vocabulary (`LeanRunner` of a distilled draft) also offers `vocab` (the token of each
+    column, ascending), `columns` (the same as a tensor) and `__call__(..., reduced=True)`,
+    which returns logits over those N columns; the speculative loop uses them when present."""
 
     lengths: list[int]  # per row: positions the cache holds
     states: Tensor  # [B, S, d] encoder states of the rows still decoding

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from specasr import kernels
-from specasr.decode.filters import LogitFilter, apply_filters
+from specasr.decode.filters import LogitFilter, apply_filters, on_vocab
 from specasr.decode.runners import Runner
 from specasr.decode.stats import Clock, DecodeStats
 from specasr.decode.stop import DraftStop
@@ -126,12 +126,22 @@ class Proposal:
     """The draft's run: per active row d1 … dγ, and the filtered rows they came from."""
 
     tokens: list[list[int]]  # [B][γ]
-    logits: list[Tensor] = field(default_factory=list)  # γ × [B, V]
+    logits: list[Tensor] = field(default_factory=list)  # γ × [B, V], or [B, N] over `columns`
     stopped: bool = False  # the stop policy ended the run before the γ asked for
+    columns: Tensor | None = None  # [N]: a reduced-vocabulary draft's tokens, one per column
 
     @property
     def gamma(self) -> int:
         return len(self.logits)
+
+    def full_logits(self, vocab_size: int) -> Tensor:
+        """The rows over the whole vocabulary, [B, γ, V]: a reduced draft's are −inf off its
+        columns (what the verifier's q is)."""
+        rows = torch.stack(self.logits, dim=1)  # [B, γ, V or N]
+        if self.columns is None:
+            return rows
+        out = rows.new_full((*rows.shape[:-1], vocab_size), -math.inf)
+        return out.index_copy_(-1, self.columns, rows)
 
 
 @dataclass
@@ -165,9 +175,17 @@ class StepContext:
     clock: Clock
     gen: torch.Generator
 
+    _draft: tuple = field(default=(), init=False, repr=False)  # (vocab, its filter chain)
+
     @property
     def filters(self) -> list[LogitFilter]:
         return self.task.filters
+
+    def draft_filters(self, vocab: list[int]) -> list[LogitFilter]:
+        """The task's filters on a reduced draft's rows (column j scores vocab[j]), built once."""
+        if not self._draft or self._draft[0] is not vocab:
+            self._draft = (vocab, on_vocab(self.task.filters, vocab))
+        return self._draft[1]
 
     def first_pass(self, target: Runner, batch: Batch) -> int | None:
         """On the window's first target pass: how many final rows to score so that row 0 is
@@ -209,17 +227,22 @@ class SpeculativeStep:
         return Pass(batch, proposal, accepted, advanced, self.target, self.draft)
 
     def propose(self, batch: Batch, gamma: int) -> Proposal:
-        """Up to γ draft tokens per row; the stop policy may end the run early."""
+        """Up to γ draft tokens per row; the stop policy may end the run early. A distilled
+        draft's rows stay over its own vocabulary (a third of V for base's): its filters,
+        pick and stop read [B, N], and the verifier gets the full rows once per pass."""
         ctx, draft = self.ctx, self.draft
-        proposal = Proposal([[] for _ in batch.active])
+        vocab = getattr(draft, "vocab", None)  # the token of each reduced column, or None
+        filters = ctx.filters if vocab is None else ctx.draft_filters(vocab)
+        reduced = {} if vocab is None else {"reduced": True}
+        proposal = Proposal([[] for _ in batch.active], columns=None if vocab is None else draft.columns)
         with ctx.clock.phase("draft_s"):
             for i in range(gamma):
                 contexts = batch.contexts(proposal.tokens)  # one copy serves the feed and the filters
-                rows = draft(feed(draft, contexts, ctx.pair.device), 1)[:, -1].contiguous()
-                apply_filters(ctx.filters, rows, contexts)  # rows [B, V]
-                picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
-                for j, t in enumerate(picked.tolist()):  # the host-side filters need the tokens
-                    proposal.tokens[j].append(t)
+                rows = draft(feed(draft, contexts, ctx.pair.device), 1, **reduced)[:, -1].contiguous()
+                apply_filters(filters, rows, contexts)  # rows [B, V], or [B, N]
+                picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B] columns of rows
+                for j, c in enumerate(picked.tolist()):  # the host-side filters need the tokens
+                    proposal.tokens[j].append(c if vocab is None else vocab[c])
                 proposal.logits.append(rows)
                 if i + 1 < gamma and self.stop.stop(rows, picked):
                     proposal.stopped = True
@@ -256,7 +279,7 @@ class SpeculativeStep:
         with ctx.clock.phase("verify_s"):
             n_acc, nxt = kernels.verify(
                 logits,
-                torch.stack(proposal.logits, dim=1),  # [B, γ, V]
+                proposal.full_logits(V),  # [B, γ, V]
                 draft_tokens,
                 uniforms,
                 noise,

@@ -26,8 +26,8 @@ from torch import Tensor
 
 class DraftStop(Protocol):
     def stop(self, rows: Tensor, picked: Tensor) -> bool:
-        """rows [B, V]: the draft's filtered logits; picked [B]: the proposals drawn from
-        them. True ends the run after these proposals."""
+        """rows [B, V] (or [B, N] over a reduced draft's vocabulary): the draft's filtered
+        logits; picked [B]: the columns of rows drawn. True ends the run after these proposals."""
         ...
 
 

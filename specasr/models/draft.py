@@ -144,6 +144,24 @@ class DistilledDraft(nn.Module):
         """x [B, T, d] -> logits [B, T, V], −inf off the draft's vocabulary (`LeanRunner`'s hook)."""
         return self.full_logits(self.head(x))
 
+    _reduced_vocab: tuple[Tensor, list[int] | None] | None = None
+
+    def reduced_logits(self, x: Tensor) -> Tensor:
+        """`LeanRunner(reduced=True)`'s hook: x [B, T, d] -> [B, T, N], column j scoring vocab_ids[j]."""
+        return self.head(x)
+
+    @property
+    def reduced_vocab(self) -> list[int] | None:
+        """vocab_ids as a list when ascending (what `decode.filters.on_vocab` needs), else None:
+        the speculative loop then filters full rows. Built once per vocab_ids tensor."""
+        cached = self._reduced_vocab
+        if cached is None or cached[0] is not self.vocab_ids:
+            ids = self.vocab_ids.tolist()
+            ascending = all(a < b for a, b in zip(ids, ids[1:]))
+            cached = (self.vocab_ids, ids if ascending else None)
+            self._reduced_vocab = cached
+        return cached[1]
+
     def runner(self, states: Tensor, target_cross: list | None = None) -> LeanRunner:
         """target_cross: the target runner's per-layer cross K/V on the same states; layers
         that kept a target layer's projections (`cross_from`) reuse them instead of computing

@@ -145,6 +145,7 @@ class DistilledDraft(nn.Module):
         return self.full_logits(self.head(x))
 
     _reduced_vocab: tuple[Tensor, list[int] | None] | None = None
+    reduce_rows = True  # False: the loop filters full rows instead (`research.draft_rows`' A/B)
 
     def reduced_logits(self, x: Tensor) -> Tensor:
         """`LeanRunner(reduced=True)`'s hook: x [B, T, d] -> [B, T, N], column j scoring vocab_ids[j]."""
@@ -154,6 +155,8 @@ class DistilledDraft(nn.Module):
     def reduced_vocab(self) -> list[int] | None:
         """vocab_ids as a list when ascending (what `decode.filters.on_vocab` needs), else None:
         the speculative loop then filters full rows. Built once per vocab_ids tensor."""
+        if not self.reduce_rows:
+            return None
         cached = self._reduced_vocab
         if cached is None or cached[0] is not self.vocab_ids:
             ids = self.vocab_ids.tolist()

@@ -22,6 +22,9 @@ class DecodeOptions:
     gamma_policy: str = "auto"  # auto (CPU: backoff, CUDA: adaptive) | fixed | adaptive | analytic | backoff
     gamma_max: int = 16  # upper bound for the adaptive and analytic policies
     draft_stop: float = 0.6  # stop drafting once q(proposal) < this (0 = always γ); exact
+    # the draft reads at most the last N tokens of a <|startofprev|> prompt (None: all); the
+    # target always reads all of it, so this moves α, never the output. 32: held-out long-form
+    draft_prompt: int | None = 32
     language: str | None = "en"  # language code for multilingual models; None = detect (long-form)
     task: str = "transcribe"  # transcribe | translate
     timestamps: bool = False  # predict timestamp tokens (and apply Whisper's timestamp rules)
@@ -46,6 +49,8 @@ class DecodeOptions:
             raise ValueError(f"need 1 <= gamma <= gamma_max, got {self.gamma} and {self.gamma_max}")
         if not 0 <= self.draft_stop < 1:
             raise ValueError(f"draft_stop must be in [0, 1), got {self.draft_stop}")
+        if self.draft_prompt is not None and self.draft_prompt < 0:
+            raise ValueError(f"draft_prompt must be >= 0 or None, got {self.draft_prompt}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.task not in ("transcribe", "translate"):

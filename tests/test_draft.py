@@ -15,7 +15,7 @@ from tiny_pairs import random_tiny_pair
 from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
 from specasr.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
 from specasr.decode.loop import decode
-from specasr.decode.runners import make_runner
+from specasr.decode.runners import PromptTail, make_runner
 from specasr.decode.step import Hooks
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.options import DecodeOptions
@@ -304,3 +304,53 @@ def test_a_self_draft_shares_its_targets_derived_weights(tiny):
     mine, theirs = lean_decoder(draft), lean_decoder(t)
     assert mine is not theirs and mine.head is theirs.head
     assert mine.layers[0].fc1 is theirs.layers[0].fc1
+
+
+def test_a_draft_reading_the_prompts_tail_stays_exact(tiny):
+    """`DecodeOptions.draft_prompt`: the draft reads <|startofprev|> and the prompt's last
+    tokens only (`PromptTail`), its positions `drop` behind the target's; the output at T = 0
+    is still the target's greedy one, in a batch, with timestamps and the stop."""
+    t = tiny.target
+    ids = torch.tensor(sorted({tiny.tokenizer.eot, *range(0, 51865, 2)}))
+    pair = replace(tiny, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(5))
+    prompt = torch.randint(0, 50000, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    opts = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=30, draft_prompt=8)
+    seen = []
+
+    def check(p):
+        assert isinstance(p.draft, PromptTail) and p.draft.drop == 40 - 8
+        held = [n - p.draft.drop for n in p.draft.lengths]
+        assert held == p.draft.inner.lengths and all(
+            n <= m for n, m in zip(p.draft.lengths, p.target.lengths)
+        )
+        seen.append(p)
+
+    ar = decode(pair, mel, replace(opts, mode="autoregressive"), prompt=prompt)
+    spec = decode(pair, mel, opts, prompt=prompt, hooks=Hooks(on_pass=check))
+    assert [r.tokens for r in spec] == [r.tokens for r in ar] and seen
+    whole = decode(
+        pair, mel, replace(opts, draft_prompt=None), prompt=prompt, hooks=Hooks(on_pass=seen.append)
+    )
+    assert [r.tokens for r in whole] == [r.tokens for r in ar] and not isinstance(seen[-1].draft, PromptTail)
+
+
+def test_prompt_tail_feeds_the_draft_its_own_shorter_sequence(tiny):
+    """A PromptTail's first pass drops prompt tokens 1 … drop; its logits equal the inner
+    runner's on that shorter sequence, and later passes and rollbacks map positions by drop."""
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (0,), torch.arange(51865)).attach(t)
+    states = _states(tiny)
+    ctx = torch.randint(0, 50000, (2, 12), generator=torch.Generator().manual_seed(7))
+    ctx[:, 0] = tiny.tokenizer.sot_prev
+    tail = PromptTail(draft.runner(states), drop=5)
+    assert tail.lengths == [0, 0]
+    got = tail(ctx, 3)
+    short = torch.cat([ctx[:, :1], ctx[:, 6:]], dim=1)  # [2, 7]
+    ref = draft.runner(states)
+    assert torch.equal(got, ref(short, 3)) and tail.lengths == [12, 12]
+    tail.rollback([10, 11])  # ragged, in context positions
+    assert tail.inner.lengths == [5, 6] and tail.lengths == [10, 11]
+    ref.rollback([5, 6])
+    step = torch.tensor([[ctx[0, 10]], [ctx[1, 11]]])  # each row's next context token
+    assert torch.equal(tail(step, 1), ref(step, 1))

@@ -119,3 +119,12 @@ def test_fallback_sets_temperature_language_and_seed_per_window(monkeypatch):
         (0.8, "de", 41, 2),
     ]
     assert all(o.mode == "exact" and o.max_new_tokens == 6 for o, _ in seen)  # the rest as given
+
+
+def test_draft_prompt_is_a_count_or_none():
+    assert (
+        DecodeOptions(draft_prompt=0).draft_prompt == 0
+        and DecodeOptions(draft_prompt=None).draft_prompt is None
+    )
+    with pytest.raises(ValueError, match="draft_prompt"):
+        DecodeOptions(draft_prompt=-1)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
 from specasr.decode.gamma import make_policy
-from specasr.decode.runners import make_runner
+from specasr.decode.runners import draft_runner, make_runner
 from specasr.decode.stats import Clock, DecodeStats, timed
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
 from specasr.decode.stop import make_stop
@@ -57,7 +57,11 @@ class DecodeLoop:
         batch = Batch.start(task.init, target_states.shape[0])
         with ctx.clock.phase("window_s"):
             target = make_runner(pair.target, target_states)
-            draft = None if draft_states is None else make_runner(pair.draft, draft_states, target)
+            draft = None
+            if draft_states is not None:
+                # the prompt: tokens between <|startofprev|> and <|startoftranscript|>
+                prompt = max(task.sot_index - 1, 0)
+                draft = draft_runner(pair.draft, draft_states, target, prompt, self.options.draft_prompt)
         runners = [target] + ([draft] if draft is not None else [])
         step = None
         if draft is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
@@ -67,3 +68,61 @@ def make_runner(model, encoder_states: Tensor, target: Runner | None = None) -> 
     if LeanDecoder.supports(model):
         return LeanRunner(lean_decoder(model), encoder_states)
     return LeanRunner(model.model.decoder, encoder_states)
+
+
+class PromptTail:
+    """A draft runner that reads only the last `keep` tokens of a <|startofprev|> prompt.
+
+    Long-form decoding prompts each window with up to 223 tokens of the text before it; the
+    distilled draft was trained with prompts of 8–120 unrelated tokens and agrees with the
+    target less after long ones (docs/distill.md). The draft's own sequence is the context
+    without prompt tokens 1 … `drop` (position 0, <|startofprev|>, stays), so its positions
+    run `drop` behind the target's. `lengths` and `rollback` speak the context's positions, as
+    the loop's `feed` expects; every row of a batch shares the prompt, so `drop` is one number.
+    The target reads the whole prompt: only α moves, never the output.
+    """
+
+    def __init__(self, inner: Runner, drop: int) -> None:
+        self.inner, self.drop = inner, drop
+
+    @property
+    def lengths(self) -> list[int]:
+        """Per row: the context positions held (an empty row holds none)."""
+        return [n + self.drop if n else 0 for n in self.inner.lengths]
+
+    @property
+    def states(self) -> Tensor:
+        return self.inner.states
+
+    def __getattr__(self, name: str):  # vocab, columns, cross: the inner runner's
+        if name == "inner":  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, tokens: Tensor, last: int, **kwargs) -> Tensor:
+        """tokens [B, k] of the context; a first pass (every row empty: `feed` gives the whole
+        context) loses prompt tokens 1 … drop -> the inner runner's logits [B, last, ·]."""
+        if not any(self.inner.lengths):
+            tokens = torch.cat([tokens[:, :1], tokens[:, 1 + self.drop :]], dim=1)
+        return self.inner(tokens, last, **kwargs)
+
+    def rollback(self, lengths: int | list[int]) -> None:
+        if isinstance(lengths, int):
+            lengths = [lengths] * len(self.inner.lengths)
+        # after a first pass every row holds the start sequence, beyond the dropped prompt
+        self.inner.rollback([max(n - self.drop, 1) if n else 0 for n in lengths])
+
+    def keep(self, rows: list[int]) -> None:
+        self.inner.keep(rows)
+
+    def cache_prefix(self, row: int) -> list[Tensor]:
+        return self.inner.cache_prefix(row)
+
+
+def draft_runner(draft, encoder_states: Tensor, target: Runner, prompt_len: int, keep: int | None) -> Runner:
+    """The draft's runner for a decode whose start sequence holds a prompt of `prompt_len`
+    tokens after <|startofprev|> (0: none): a `PromptTail` when the draft may read fewer."""
+    runner = make_runner(draft, encoder_states, target)
+    if keep is None or prompt_len <= keep:
+        return runner
+    return PromptTail(runner, prompt_len - keep)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
 from specasr.decode.gamma import make_policy
-from specasr.decode.runners import draft_runner, make_runner
+from specasr.decode.runners import make_runner, prompt_tail
 from specasr.decode.stats import Clock, DecodeStats, timed
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
 from specasr.decode.stop import make_stop
@@ -61,7 +61,8 @@ class DecodeLoop:
             if draft_states is not None:
                 # the prompt: tokens between <|startofprev|> and <|startoftranscript|>
                 prompt = max(task.sot_index - 1, 0)
-                draft = draft_runner(pair.draft, draft_states, target, prompt, self.options.draft_prompt)
+                draft = make_runner(pair.draft, draft_states, target)
+                draft = prompt_tail(draft, prompt, self.options.draft_prompt)
         runners = [target] + ([draft] if draft is not None else [])
         step = None
         if draft is not None:

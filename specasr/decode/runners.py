@@ -119,10 +119,9 @@ class PromptTail:
         return self.inner.cache_prefix(row)
 
 
-def draft_runner(draft, encoder_states: Tensor, target: Runner, prompt_len: int, keep: int | None) -> Runner:
+def prompt_tail(runner: Runner, prompt_len: int, keep: int | None) -> Runner:
     """The draft's runner for a decode whose start sequence holds a prompt of `prompt_len`
-    tokens after <|startofprev|> (0: none): a `PromptTail` when the draft may read fewer."""
-    runner = make_runner(draft, encoder_states, target)
+    tokens after <|startofprev|> (0: none): a `PromptTail` when it may read only `keep`."""
     if keep is None or prompt_len <= keep:
         return runner
     return PromptTail(runner, prompt_len - keep)

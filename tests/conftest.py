@@ -100,3 +100,17 @@ def librivox_mels(librivox):
     from specasr.features import log_mel_window
 
     return {c.id: log_mel_window(load_audio(c.path), n_mels=80) for c in librivox}
+
+
+@pytest.fixture
+def one_clip_data(tmp_path) -> Path:
+    """A data directory like tests/data with only its first clip and transcript line (for
+    research tools that build the long-form fixture from `--data`)."""
+    import shutil
+
+    data = tmp_path / "data"
+    data.mkdir()
+    line = next(x for x in open("tests/data/transcripts.txt") if x.strip())
+    shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
+    (data / "transcripts.txt").write_text(line)
+    return data

@@ -3,19 +3,13 @@ same passes, and the A/B table has both strategies."""
 
 from __future__ import annotations
 
-import shutil
-
 from click.testing import CliRunner
 
 from specasr.research import draft_rows
 
 
-def test_the_ab_table_reports_both_strategies_with_the_same_passes(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    line = next(x for x in open("tests/data/transcripts.txt") if x.strip())
-    shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
-    (data / "transcripts.txt").write_text(line)
+def test_the_ab_table_reports_both_strategies_with_the_same_passes(one_clip_data):
+    data = one_clip_data
     result = CliRunner().invoke(draft_rows.main, ["--repeats", "1", "--data", str(data)])
     assert result.exit_code == 0, result.output
     assert "same passes and tokens on both paths: yes" in result.output

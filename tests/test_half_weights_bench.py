@@ -3,7 +3,6 @@ A/B table says the forms gave the same tokens."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,8 @@ def test_load_both_gives_each_form():
     assert pairs["fp32-packed"].target.model.decoder.layers[0].fc1.few is None
 
 
-def test_the_ab_table_reports_every_configuration_with_the_same_tokens(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    line = next(x for x in open("tests/data/transcripts.txt") if x.strip())
-    shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
-    (data / "transcripts.txt").write_text(line)
+def test_the_ab_table_reports_every_configuration_with_the_same_tokens(one_clip_data):
+    data = one_clip_data
     args = ["--repeats", "1", "--data", str(data), "--load-rounds", "1"]
     result = CliRunner().invoke(half_weights.main, args)
     assert result.exit_code == 0, result.output

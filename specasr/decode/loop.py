@@ -59,10 +59,8 @@ class DecodeLoop:
             target = make_runner(pair.target, target_states)
             draft = None
             if draft_states is not None:
-                # the prompt: tokens between <|startofprev|> and <|startoftranscript|>
-                prompt = max(task.sot_index - 1, 0)
                 draft = make_runner(pair.draft, draft_states, target)
-                draft = prompt_tail(draft, prompt, self.options.draft_prompt)
+                draft = prompt_tail(draft, task.prompt_len, self.options.draft_prompt)
         runners = [target] + ([draft] if draft is not None else [])
         step = None
         if draft is not None:

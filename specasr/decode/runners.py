@@ -94,10 +94,13 @@ class PromptTail:
     def states(self) -> Tensor:
         return self.inner.states
 
-    def __getattr__(self, name: str):  # vocab, columns, cross: the inner runner's
-        if name == "inner":  # not set yet (copying): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @property
+    def vocab(self) -> list[int] | None:
+        return getattr(self.inner, "vocab", None)
+
+    @property
+    def columns(self) -> Tensor:
+        return self.inner.columns
 
     def __call__(self, tokens: Tensor, last: int, **kwargs) -> Tensor:
         """tokens [B, k] of the context; a first pass (every row empty: `feed` gives the whole

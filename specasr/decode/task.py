@@ -53,6 +53,11 @@ class Task:
     def sample_begin(self) -> int:
         return len(self.init)
 
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens between <|startofprev|> and <|startoftranscript|> (0: no prompt)."""
+        return max(self.sot_index - 1, 0)
+
     @classmethod
     def build(cls, pair, options: DecodeOptions, language: str | None, prompt: list[int] | None) -> Task:
         init, sot_index = start_sequence(pair, options, language, prompt)

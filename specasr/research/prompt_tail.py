@@ -33,8 +33,14 @@ def join_windows(files: list[Path], gap: float = 1.0) -> np.ndarray:
 
 
 def parse_keeps(text: str) -> list[int | None]:
-    """ "all,16,32" -> [None, 16, 32]."""
-    return [None if k.strip() == "all" else int(k) for k in text.split(",") if k.strip()]
+    """Prompt lengths from "all,16,32": [None, 16, 32]."""
+    try:
+        keeps = [None if k.strip() == "all" else int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give 'all' or counts >= 0, comma-separated") from None
+    if not keeps or any(k is not None and k < 0 for k in keeps):
+        raise click.BadParameter(f"{text!r}: give 'all' or counts >= 0, comma-separated")
+    return keeps
 
 
 def measure(pair, audio: np.ndarray, language: str, keeps: list[int | None]) -> dict:

@@ -8,7 +8,6 @@ the group and `models`. Exit codes: 0 success, 1 some input failed (the others w
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import sys
 
@@ -19,28 +18,14 @@ from specasr.cli.bench import bench as bench_command
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
 from specasr.cli.transcribe import transcribe as transcribe_command
-
-MMAP_THRESHOLD = 2 << 20  # bytes: see `_return_freed_memory`
-
-
-def _return_freed_memory() -> None:
-    """glibc's malloc serves large blocks from their own mappings, returned to the system on
-    free, but its threshold grows to the largest block freed so far (up to 32 MB). Loading
-    frees many weight-sized tensors, so afterwards the encoder's and the loader's temporaries
-    would stay resident in the heap: tens of MB of peak RSS. A fixed 2 MB threshold keeps
-    the decoder's per-step tensors (logits are under 2 MB) in the heap and returns the rest.
-    Set for CLI processes only; a library user's process keeps its own malloc policy."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD)  # -3 = M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc
-        pass
+from specasr.cpu import heap
 
 
 @click.group()
 @click.version_option(package_name="specasr")
 def main() -> None:
     """Whisper transcription with exact speculative decoding."""
-    _return_freed_memory()
+    heap.lean_heap()  # blocks over 2 MB go back on free (specasr.cpu.heap)
 
 
 def run() -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specasr.cpu import heap
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
 from specasr.decode.gamma import SpeculationCost
-from specasr.models import mapped
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
 from specasr.models.layers import no_init
@@ -103,7 +103,7 @@ class ModelPair:
         or None without a draft)."""
         if mel.dim() != 3 or mel.shape[1] != self.n_mels:
             raise ValueError(f"expected mel [B, {self.n_mels}, frames], got {tuple(mel.shape)}")
-        with torch.inference_mode():
+        with torch.inference_mode(), heap.workspace():  # big temporaries reused, then trimmed
             mel = mel.to(device=self.device, dtype=self.dtype)
             states = self.target.model.encoder(mel)
             if self.draft is None:
@@ -307,7 +307,7 @@ def load_pair(
         use_half_weights(t_model)  # before the lean view below takes its product forms
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
-    mapped.trim_heap()  # loading freed tensors of many sizes: give the free heap back
+    heap.trim()  # loading freed tensors of many sizes: give the free heap back
     gen = t_model.generation
     return ModelPair(
         target=t_model,

@@ -1,0 +1,92 @@
+"""The process's heap policy (`specasr.cpu.heap`): the CLI's lean policy and the workspace
+scope the encoder runs in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from specasr.cpu import heap
+
+
+@pytest.fixture()
+def calls(monkeypatch):
+    """Records mallopt settings and trims instead of making them; the policy starts unset."""
+    seen: list = []
+    monkeypatch.setattr(heap, "_set", lambda *a: seen.append(("set", *a)))
+    monkeypatch.setattr(heap, "trim", lambda: seen.append(("trim",)))
+    monkeypatch.setattr(heap, "_lean", False)
+    monkeypatch.setattr(heap, "_depth", 0)
+    return seen
+
+
+def test_workspace_changes_nothing_without_the_lean_policy(calls):
+    with heap.workspace():
+        pass
+    assert calls == [] and not heap.is_lean()
+
+
+def test_nested_and_concurrent_scopes_share_one_heap_mode(calls):
+    heap.lean_heap()
+    assert calls == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT)]
+    calls.clear()
+    entered, release = threading.Event(), threading.Event()
+
+    def other():
+        with heap.workspace():
+            entered.set()
+            release.wait(5)
+
+    with heap.workspace():
+        with heap.workspace():  # nested: no second switch
+            pass
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(5)
+    assert calls == [("set", heap.WORKSPACE_MMAP, heap.WORKSPACE_TRIM, heap.WORKSPACE_MMAP_CAPPED)]
+    release.set()  # the last scope to leave restores the lean policy and trims
+    t.join(5)
+    assert calls[1:] == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT), ("trim",)]
+    assert heap._depth == 0
+
+
+def test_lean_policy_set_inside_a_scope_waits_for_it_to_close(calls):
+    heap.lean_heap()
+    calls.clear()
+    with heap.workspace():
+        heap.lean_heap()  # e.g. a second CLI entry point in the same process
+        assert calls == [("set", heap.WORKSPACE_MMAP, heap.WORKSPACE_TRIM, heap.WORKSPACE_MMAP_CAPPED)]
+    assert calls[-2:] == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT), ("trim",)]
+
+
+# Run in a fresh process: the policy is process-wide. Under the lean policy every 8 MB block
+# is a fresh mapping, faulted in page by page each time (2048 faults); inside the workspace
+# the heap grows to hold it and then serves it again (a layer's blocks, the next layer).
+FAULTS = """
+import resource, torch
+from specasr.cpu import heap
+heap.lean_heap()
+
+def faults(n=10):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        torch.ones(2 << 20)  # 8 MB, touched, freed
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+outside = faults()
+with heap.workspace():
+    faults()  # the heap grows
+    inside = faults()
+print(outside, inside)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc policy")
+def test_the_workspace_reuses_large_blocks_instead_of_faulting_them_in_again():
+    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True)
+    outside, inside = map(int, out.stdout.split())
+    assert outside > 10 * 1500  # every block faulted in afresh
+    assert inside < outside / 10

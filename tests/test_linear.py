@@ -11,11 +11,14 @@ from specasr.cpu.linear import (
     FEW_ROWS,
     HalfPackedHead,
     HalfPackedLinear,
+    Int8Linear,
     PackedHead,
     PackedLinear,
     fp16_exact,
     half_available,
+    int8_available,
     packed_available,
+    swap_linears,
 )
 from specasr.cpu.scripted import _lin
 
@@ -206,3 +209,22 @@ def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
         for block in (tokens[:, :1], tokens[:, 1:6], tokens[:, 6:41]):
             want = a(block, block.shape[1])
             torch.testing.assert_close(b(block, block.shape[1]), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not int8_available(), reason="needs fbgemm's int8 linear")
+def test_forms_built_on_a_pool_are_the_forms_built_in_turn():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.ModuleList([nn.Linear(16, 4), nn.ReLU()]), nn.Linear(4, 3))
+
+    in_turn = swap_linears(model(), Int8Linear.of)
+    with ThreadPoolExecutor(2) as pool:
+        pooled = swap_linears(model(), Int8Linear.of, pool)
+    x = torch.randn(5, 8)
+    for a, b in zip(in_turn.modules(), pooled.modules()):
+        assert type(a) is type(b) and not isinstance(a, nn.Linear)  # every Linear was replaced
+    y_turn = in_turn[2](in_turn[1][0](in_turn[0](x)))
+    y_pool = pooled[2](pooled[1][0](pooled[0](x)))
+    assert torch.equal(y_turn, y_pool)

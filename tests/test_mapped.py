@@ -1,4 +1,4 @@
-"""Memory-mapped and row-read tensors (`specasr.models.mapped`) and the packed head they feed."""
+"""Memory-mapped tensors and files (`specasr.models.mapped`) and the packed head they feed."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from specasr.models import mapped
 def table(tmp_path):
     g = torch.Generator().manual_seed(0)
     tensors = {"a": torch.randn(3, 4, generator=g), "table": torch.randn(1000, 16, generator=g)}
+    tensors["half"] = torch.randn(5, 2, generator=g).half()
     path = tmp_path / "t.safetensors"
     save_file(tensors, str(path), metadata={"source_dtype": "float16"})
     return path, tensors["table"]
 
 
-def test_span_map_and_rows_read_the_same_values(table):
+def test_span_and_map_read_the_same_values(table):
     path, ref = table
     where = mapped.span(path, "table")
     assert where.shape == (1000, 16) and where.dtype == torch.float32
@@ -27,19 +28,26 @@ def test_span_map_and_rows_read_the_same_values(table):
     assert mapped.metadata(path)["source_dtype"] == "float16"
     t = mapped.map_tensor(path, where)
     assert torch.equal(t, ref)
-    assert torch.equal(mapped.read_rows(path, where, 10, 25), ref[10:25])
     ids = torch.tensor([999, 0, 5, 5, 512])
     assert torch.equal(mapped.gather_rows(t, ids, chunk=2), ref[ids])
     assert mapped.release(t) and torch.equal(t, ref)  # pages dropped, values read back in
     assert not mapped.release(ref)  # not a map: nothing to release
 
 
+def test_a_mapped_file_holds_every_tensor_and_releases_its_pages(table):
+    path, ref = table
+    tensors = mapped.map_file(path, skip={"a"})
+    assert set(tensors) == {"table", "half"}
+    assert torch.equal(tensors["table"], ref) and tensors["half"].dtype == torch.float16
+    assert mapped.release(tensors["half"])  # any tensor of the map drops the map's pages
+    assert torch.equal(tensors["table"], ref)  # and the values come back from the file
+
+
 def test_a_truncated_file_is_refused(table):
     path, _ = table
-    where = mapped.span(path, "table")
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(ValueError, match="truncated"):
-        mapped.read_rows(path, where, 990, 1000)
+        mapped.map_file(path)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
@@ -48,9 +56,8 @@ def test_packed_head_equals_the_linear_at_every_row_count(table):
     where = mapped.span(path, "table")
     PackedHead.BLOCK, block = 300, PackedHead.BLOCK  # several blocks, the last one short
     try:
-        head = PackedHead.build(
-            mapped.map_tensor(path, where), lambda a, b: mapped.read_rows(path, where, a, b)
-        )
+        table = mapped.map_tensor(path, where)
+        head = PackedHead.build(table, lambda a, b: table[a:b])
     finally:
         PackedHead.BLOCK = block
     assert len(head.blocks) == 4 and head.bias is None

@@ -494,11 +494,19 @@ class Int8Head(nn.Module):
         return self.inner(x)
 
 
-def swap_linears(module: nn.Module, make) -> nn.Module:
-    """Replaces every nn.Linear below `module` by make(linear), in place; returns module."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, make(child))
-        else:
-            swap_linears(child, make)
+def swap_linears(module: nn.Module, make, pool=None) -> nn.Module:
+    """Replaces every nn.Linear below `module` by make(linear), in place; returns module.
+    pool (a concurrent.futures Executor) builds the forms concurrently: for forms whose
+    build is one long torch call that frees the GIL and runs on one core (fbgemm's int8
+    prepack), not for oneDNN's reorders, which use every core already."""
+    slots = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    linears = [child for _, _, child in slots]
+    forms = list(pool.map(make, linears)) if pool is not None else [make(x) for x in linears]
+    for (parent, name, _), form in zip(slots, forms):
+        setattr(parent, name, form)
     return module

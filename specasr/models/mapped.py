@@ -1,15 +1,16 @@
-"""One tensor of a safetensors file, memory-mapped or read by rows.
+"""Tensors of a safetensors file, memory-mapped.
 
 Whisper's token embedding (51865 × 512 for base, 106 MB in fp32) is also its tied output
 head. On a CPU in fp32 the head runs from a oneDNN-packed copy (`specasr.cpu.linear.PackedHead`),
 so the embedding itself is only ever read a few rows at a time, by token lookups. Mapping it
-from the conversion cache keeps just the looked-up pages resident instead of all 106 MB, and
-`read_rows` feeds the packing block by block without paging the whole table into the process.
+from the conversion cache keeps just the looked-up pages resident instead of all 106 MB; the
+packing reads it block by block, dropping each block's pages after it (`release`). The
+loader maps the rest of the cache too (`map_file`): matrices it turns into other forms are
+read in place, never copied first.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import struct
@@ -73,7 +74,37 @@ def map_tensor(path: str | Path, where: Span) -> Tensor:
     return flat.view(where.shape)
 
 
-def gather_rows(t: Tensor, ids: Tensor, chunk: int = 2048) -> Tensor:
+def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict[str, Tensor]:
+    """Every floating tensor of a safetensors file but `skip`, as views of one copy-on-write
+    map of the file (as `map_tensor`): no read and no copy; a page is resident once touched.
+    A loader that turns most of them into other forms (packed, halved) then drops the map's
+    pages with `release` on any one of them; the tensors it kept fault theirs back in from
+    the page cache when used. Other dtypes (or an empty file) -> ValueError."""
+    n, header = _header(path)
+    header.pop("__metadata__", None)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    out: dict[str, Tensor] = {}
+    for name, info in header.items():
+        if name in skip:
+            continue
+        if info["dtype"] not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, not a floating type")
+        dtype = _DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        if 8 + n + end > len(mm):
+            raise ValueError(f"{path}: tensor {name} is truncated")
+        if count == 0:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + start)  # keeps mm alive
+        _MAPS[flat.data_ptr()] = mm
+        out[name] = flat.view(info["shape"])
+    return out
+
+
+def gather_rows(t: Tensor, ids: Tensor, chunk: int = 256) -> Tensor:
     """t[ids] for t [N, d] and ids [M]: -> [M, d]. For a mapped t, `chunk` ids at a time,
     releasing the pages after each, so gathering rows from all over the table never holds
     all of it resident."""
@@ -95,24 +126,3 @@ def release(t: Tensor) -> bool:
         return False
     mm.madvise(mmap.MADV_DONTNEED)
     return True
-
-
-def read_rows(path: str | Path, where: Span, start: int, stop: int) -> Tensor:
-    """Rows start … stop-1 of the tensor at `where`, read from the file into fresh memory:
-    [stop-start, *shape[1:]]."""
-    out = torch.empty((stop - start, *where.shape[1:]), dtype=where.dtype)
-    with open(path, "rb") as f:
-        f.seek(where.offset + start * where.row_bytes)
-        want = (stop - start) * where.row_bytes
-        if f.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != want:
-            raise ValueError(f"{path}: rows {start}…{stop - 1} are truncated")
-    return out
-
-
-def trim_heap() -> None:
-    """Returns the C heap's free memory to the system (glibc's malloc_trim). Loading reads
-    and frees tensors of many sizes, which can leave tens of MB free but resident."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass

@@ -392,9 +392,12 @@ def load_whisper(
     where = mapped.span(main, EMBED)
     mapped_embed = where is not None and where.dtype == torch.float32
     skip = {EMBED} if mapped_embed else set()
-    # [out, in] views of the stored Wᵀ
-    tensors = {k: wt.t() for k, wt in read_safetensors(side, dtype, skip=skip).items()}
-    tensors |= read_safetensors(main, dtype, skip=set(tensors) | skip)
+    # Mapped, not read: most matrices become other forms below (packed, halved), so copying
+    # them first would only fault in fresh pages (0.1–0.15 s for base, docs/benchmarks.md).
+    stored = mapped.map_file(side, skip=skip)
+    tensors = {k: wt.t() for k, wt in stored.items()}  # [out, in] views of the stored Wᵀ
+    rest = mapped.map_file(main, skip=set(tensors) | skip)
+    tensors |= rest
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
@@ -402,14 +405,29 @@ def load_whisper(
 
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
+    release(rest)  # each step below drops the map pages it read: the peak stays one form's size
     if mapped_embed and pack:
-        head = PackedHead.build(model.proj_out.weight, lambda a, b: mapped.read_rows(main, where, a, b))
+        embed = model.proj_out.weight
+
+        def rows(a: int, b: int) -> Tensor:  # [b - a, d]: the block before is packed, its pages go
+            mapped.release(embed)
+            return embed[a:b]
+
+        head = PackedHead.build(embed, rows)
+        mapped.release(embed)
         if head is not None:
             model.use_head_form(head)
-    del tensors  # the decoder's Wᵀ storage goes once its matrices are packed
     if pack:
-        pack_decoder(model)
+        pack_decoder(model, after_layer=lambda: release(stored))
+    for group in (stored, rest):  # what the model kept of the maps faults back in on use
+        release(group)
     return model
+
+
+def release(tensors: dict[str, Tensor]) -> None:
+    """Drops the resident pages of the map `tensors` are views of (`mapped.map_file`)."""
+    if tensors:
+        mapped.release(next(iter(tensors.values())))
 
 
 def use_half_weights(model: Whisper) -> bool:
@@ -458,12 +476,13 @@ def use_half_weights(model: Whisper) -> bool:
     return True
 
 
-def pack_decoder(model: Whisper) -> Whisper:
+def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     """Replaces the decoder layers' Linear modules by `specasr.cpu.linear.PackedLinear`
     (CPU, fp32; nothing where oneDNN is missing): the dense matrices are freed, and every
     decoder path runs oneDNN's packed products. The cross-attention K/V projections stay
     plain Linear: they run once per window over 1500 frames (`use_half_weights` adds fp16
-    forms for few-row passes)."""
+    forms for few-row passes). after_layer() runs once each layer is packed (the loader
+    drops the mapped pages it read)."""
     from specasr.cpu.linear import PackedLinear
 
     for layer in model.model.decoder.layers:
@@ -476,6 +495,8 @@ def pack_decoder(model: Whisper) -> Whisper:
                 linear = getattr(box, name)
                 if isinstance(linear, nn.Linear) and (packed := PackedLinear.of(linear)) is not None:
                     setattr(box, name, packed)
+        if after_layer is not None:
+            after_layer()
     return model
 
 

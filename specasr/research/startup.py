@@ -190,8 +190,9 @@ def main(repeats: int, mode: str, clip: str | None, with_fw: bool, cli_args: tup
     from importlib.resources import files
     from pathlib import Path
 
-    from specasr.research.whole_process import ct2_dir
+    from specasr.research.whole_process import compile_bytecode, ct2_dir
 
+    compile_bytecode()  # as installed from a wheel
     clip = clip or str(files("specasr") / "assets" / "example.wav")
     args = [clip, "--mode", mode, *cli_args]
     wall, medians = measure(args, repeats)

@@ -2,7 +2,8 @@
 
     python -m specasr.research.whole_process --repeats 5 [--long] [--threads N]
 
-Each command runs as a fresh process, as a user runs it, in interleaved rounds so machine
+Each command runs as a fresh process, as a user runs it (specasr's bytecode compiled first,
+as an install from a wheel has it: `compile_bytecode`), in interleaved rounds so machine
 noise hits every system alike; the table gives the median wall time and peak RSS per
 command and the ratio to faster-whisper fp32 on the same clip. The systems share weights:
 faster-whisper loads the packaged CTranslate2 files of the `base` preset (the parts joined
@@ -95,6 +96,18 @@ def ct2_dir(root: Path, preset: str = "base") -> Path:
     return out
 
 
+def compile_bytecode() -> None:
+    """Byte-compiles specasr's modules where their cached bytecode is missing, as `pip install
+    .` does at install time: an editable install run under PYTHONDONTWRITEBYTECODE (as on the
+    team's machines) never writes it, and would compile every module on every start (about
+    0.06 s) where faster-whisper, installed from a wheel, starts from bytecode."""
+    import compileall
+
+    import specasr
+
+    compileall.compile_dir(str(Path(specasr.__file__).parent), quiet=1)
+
+
 def rows_for(clip: str, fw_dir: Path | None, threads: int) -> list[Row]:
     cli = [sys.executable, "-m", "specasr", "transcribe", clip]
     rows = [
@@ -155,6 +168,7 @@ def main(repeats: int, long_: bool, threads: int, data: str) -> None:
     from importlib.resources import files
     from importlib.util import find_spec
 
+    compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="specasr-whole-"))
     try:
         fw_dir = ct2_dir(work) if find_spec("faster_whisper") else None

@@ -64,3 +64,21 @@ def test_packed_head_equals_the_linear_at_every_row_count(table):
     x = torch.randn(2, 70, 16, generator=torch.Generator().manual_seed(1))
     for rows in (x[:1, :1], x[:1, :8], x):  # 1, 8 and 140 rows
         torch.testing.assert_close(head(rows), torch.nn.functional.linear(rows, ref), rtol=1e-5, atol=1e-5)
+
+
+def test_a_module_owns_what_it_kept_of_a_map(table):
+    path, ref = table
+    tensors = mapped.map_file(path)
+    module = torch.nn.Linear(16, 1000, bias=False)
+    module.weight = torch.nn.Parameter(tensors["table"], requires_grad=False)  # a view of the map
+    module.register_buffer("halves", tensors["half"])
+    module.extra = tensors["a"].t()  # a plain attribute, a transposed view
+    module.fresh = torch.ones(3)  # not from the map: left alone
+    fresh = module.fresh
+    mapped.own(module, tensors)
+    spans = [(t.data_ptr(), t.data_ptr() + t.nbytes) for t in tensors.values()]
+    for t in (module.weight, module.halves, module.extra):
+        assert not any(a <= t.data_ptr() < b for a, b in spans)  # private memory now
+    assert torch.equal(module.weight, ref) and torch.equal(module.extra, tensors["a"].t())
+    assert module.fresh is fresh and not module.weight.requires_grad
+    assert not mapped.release(tensors["table"])  # the map is forgotten: it closes with `tensors`

@@ -281,6 +281,7 @@ def load_pair(
     d_model = None
     draft_file = draft_path(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
+        heap.trim()  # the target's load transients: the draft's own go where they were
         d_model = load_draft(draft_file, t_model, dtype, dev)
         if draft_int8 is None:
             draft_int8 = dev.type == "cpu" and dtype == torch.float32 and int8_available()

@@ -104,6 +104,35 @@ def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict
     return out
 
 
+def own(module: torch.nn.Module, *maps: dict[str, Tensor]) -> None:
+    """Replaces every tensor of `module` (parameters, buffers, tensor attributes) that is a
+    view of one of `maps` (`map_file` results) by a private copy, and forgets the maps: once
+    the caller drops them, they are unmapped. What a loader kept of a map (biases, norms,
+    positions, the cross K/V matrices) is then ordinary memory, resident as its size says,
+    not as the kernel's fault-around and the page cache's folio sizes decide."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for m in maps for t in m.values()]
+    spans = [(a, b) for a, b in spans if b > a]
+
+    def in_map(t: object) -> bool:
+        if not isinstance(t, Tensor) or t.layout != torch.strided or t.is_mkldnn or t.numel() == 0:
+            return False  # packed (opaque) forms are never views of a map
+        return any(a <= t.data_ptr() < b for a, b in spans)
+
+    with torch.no_grad():
+        for sub in module.modules():
+            for name, p in list(sub._parameters.items()):
+                if in_map(p):
+                    sub._parameters[name] = torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+            for name, b in list(sub._buffers.items()):
+                if in_map(b):
+                    sub._buffers[name] = b.clone()
+            for name, t in list(vars(sub).items()):
+                if in_map(t):
+                    setattr(sub, name, t.detach().clone())
+    for a, _ in spans:
+        _MAPS.pop(a, None)
+
+
 def gather_rows(t: Tensor, ids: Tensor, chunk: int = 256) -> Tensor:
     """t[ids] for t [N, d] and ids [M]: -> [M, d]. For a mapped t, `chunk` ids at a time,
     releasing the pages after each, so gathering rows from all over the table never holds

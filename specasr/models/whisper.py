@@ -419,9 +419,10 @@ def load_whisper(
             model.use_head_form(head)
     if pack:
         pack_decoder(model, after_layer=lambda: release(stored))
-    for group in (stored, rest):  # what the model kept of the maps faults back in on use
+    mapped.own(model, stored, rest)  # what the model kept of the maps becomes its own memory
+    for group in (stored, rest):
         release(group)
-    return model
+    return model  # the maps close with `stored` and `rest`
 
 
 def release(tensors: dict[str, Tensor]) -> None:

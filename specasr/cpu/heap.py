@@ -23,6 +23,7 @@ Off glibc every call is a no-op.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ _lean = False  # `lean_heap` was applied
 _depth = 0  # open `workspace` scopes (threads of one process share the policy)
 
 
+@functools.cache  # looked up once: every encoder pass enters and leaves a workspace
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")

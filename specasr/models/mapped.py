@@ -79,7 +79,8 @@ def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict
     map of the file (as `map_tensor`): no read and no copy; a page is resident once touched.
     A loader that turns most of them into other forms (packed, halved) then drops the map's
     pages with `release` on any one of them; the tensors it kept fault theirs back in from
-    the page cache when used. Other dtypes (or an empty file) -> ValueError."""
+    the page cache when used. A tensor of another dtype, or one the file is too short
+    for -> ValueError."""
     n, header = _header(path)
     header.pop("__metadata__", None)
     with open(path, "rb") as f:

@@ -31,6 +31,7 @@ from typing import BinaryIO
 import torch
 from safetensors.torch import save_file
 
+from specasr.cache import default_cache_root
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
@@ -342,13 +343,6 @@ def convert_ct2(source: str | Path | CT2Files, out_dir: str | Path, dtype: torch
 
 
 # ---- content-keyed cache ----------------------------------------------------------------
-def default_cache_root() -> Path:
-    if env := os.environ.get("SPECASR_CACHE"):
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "specasr"
-
-
 def _sha256(paths: tuple[Path, ...], memo: dict[str, str]) -> str:
     """sha256 of the files' bytes concatenated in order, memoised under each file's
     (resolved path, size, mtime_ns): an unchanged file is never read twice."""

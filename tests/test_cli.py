@@ -105,3 +105,38 @@ def test_the_command_exits_quickly_with_mains_status_output_and_exit_handlers(ar
     assert err in child.stderr
     if args and args[0] != "crash":
         assert child.stdout == "written, not flushed" and "atexit ran" in child.stderr
+
+
+_START_UP = """
+import gc, json, sys
+from specasr.cli import common
+if sys.argv[1] == "claimed":
+    common.claim_process()
+if sys.argv[2] == "off":
+    gc.disable()
+frozen = gc.get_freeze_count()
+with common.start_up():
+    inside = gc.isenabled()
+    made = [[i] for i in range(1000)]  # containers the collector tracks
+print(json.dumps({"inside": inside, "after": gc.isenabled(), "frozen": gc.get_freeze_count() - frozen}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("claimed", "collector", "expect"),
+    [
+        ("claimed", "on", {"inside": False, "after": True, "frozen": True}),  # a specasr process
+        ("unclaimed", "on", {"inside": False, "after": True, "frozen": False}),  # tests, embedding
+        ("claimed", "off", {"inside": False, "after": False, "frozen": False}),  # the caller's choice
+    ],
+)
+def test_start_up_pauses_the_collector_and_freezes_only_in_its_own_process(claimed, collector, expect):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _START_UP, claimed, collector], capture_output=True, text=True, check=True
+    ).stdout
+    seen = json.loads(out)
+    assert {**seen, "frozen": seen["frozen"] >= 1000} == expect

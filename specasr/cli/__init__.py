@@ -15,6 +15,7 @@ import click
 
 from specasr.cli.app import app as app_command
 from specasr.cli.bench import bench as bench_command
+from specasr.cli.common import claim_process
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
 from specasr.cli.transcribe import transcribe as transcribe_command
@@ -36,6 +37,7 @@ def run() -> None:
     hundreds of MB), about 0.3 s of every run that a finished process does not need
     (docs/benchmarks.md, "Start-up"). Anything but SystemExit (a crash) leaves the usual way,
     with its traceback. `main` itself stays a plain click group (tests, embedding)."""
+    claim_process()  # model loading may freeze what it made for the collector (`common.start_up`)
     try:
         main()
         code = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -174,6 +176,36 @@ def prepare_output_dir(output_dir: str) -> None:
         ) from e
 
 
+_PROCESS = {"cli": False}  # set by `cli.run`: this process is a `specasr` command
+
+
+def claim_process() -> None:
+    """Marks this process as a `specasr` command's own (`cli.run`), so `start_up` may
+    freeze what loading made: a test or an embedding caller keeps its collector as it was."""
+    _PROCESS["cli"] = True
+
+
+@contextlib.contextmanager
+def start_up():
+    """Imports and model loading without Python's cyclic collector. They create about a
+    million objects that live as long as the process (torch's modules, the models), and
+    the collector's passes over them find next to nothing: about 0.25 s of a fresh
+    `specasr transcribe` went to three or four full passes (docs/benchmarks.md, "Start-up").
+    In a `specasr` process (`claim_process`) what exists on leaving is then frozen
+    (`gc.freeze`: later passes skip it) before the collector resumes; elsewhere it simply
+    resumes. A collector that was already off stays off."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            if _PROCESS["cli"]:
+                gc.freeze()
+            gc.enable()
+
+
 def load_models(
     model: str,
     draft: str | None,
@@ -187,9 +219,10 @@ def load_models(
     target-only decoding; half_weights: `load_pair`'s (True for long-lived processes).
     A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
     is reported on stderr and exits with status 1."""
-    check_device(device)
     try:
-        return pair_loader(model, draft, mode, device, dtype, compute_type, half_weights)()
+        with start_up():
+            check_device(device)
+            return pair_loader(model, draft, mode, device, dtype, compute_type, half_weights)()
     except (ValueError, FileNotFoundError, OSError) as e:
         click.echo(f"error: cannot load model: {e}", err=True)
         sys.exit(1)

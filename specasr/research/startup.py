@@ -9,7 +9,9 @@ Each run is a fresh process (the clip: the bundled example unless `--clip`) that
 perf_counter:
 - python: the interpreter's start (site included), taken as a bare `python -c pass` process's
   wall, at most what the parent saw outside the child's own clock;
-- import torch; import specasr (the CLI and the modules it imports before loading);
+- import torch (with the collector paused, as `specasr.cli.common.start_up` imports it; the
+  small `specasr.cli.common` import counts here too); import specasr (the CLI and the
+  modules it imports before loading);
 - load: target (`load_pair` less the draft) and draft (`load_draft` + `quantize_int8`);
 - encode (`ModelPair.encode`: log-Mel is outside it) and the rest of the run (audio, log-Mel,
   language detection, decoding, writing);
@@ -32,7 +34,10 @@ from specasr.research.whole_process import FW_SCRIPT, run_measured
 CHILD = """
 import sys, time
 T = {"start": time.perf_counter()}
-import torch
+from specasr.cli.common import claim_process, start_up
+claim_process()
+with start_up():  # the CLI imports torch inside `load_models`' start-up (collector paused)
+    import torch
 T["import torch"] = time.perf_counter()
 import specasr.cli
 import specasr.models.draft as D

@@ -1,6 +1,6 @@
 """Models: loading a target and its draft as one `ModelPair` (`loading`), CTranslate2
 conversion (`convert`), the distilled draft (`draft`) and the Whisper decoder layer they
-share (`layers`).
+share (`layers`); where derived files are cached (`cache`, no torch: the tokenizer uses it).
 
 `from specasr.models import load_pair` works; the names are resolved lazily, so importing
 a submodule does not load the others.

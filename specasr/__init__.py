@@ -48,4 +48,7 @@ if (
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    from specasr.cpu.heap import collector_paused  # no torch
+
+    with collector_paused():  # the first name imports torch: see specasr.cpu.heap
+        return getattr(importlib.import_module(_EXPORTS[name]), name)

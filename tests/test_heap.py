@@ -90,3 +90,48 @@ def test_the_workspace_reuses_large_blocks_instead_of_faulting_them_in_again():
     outside, inside = map(int, out.stdout.split())
     assert outside > 10 * 1500  # every block faulted in afresh
     assert inside < outside / 10
+
+
+_COLLECTOR = """
+import gc, json, sys
+from specasr.cpu import heap
+if sys.argv[1] == "off":
+    gc.disable()
+frozen = gc.get_freeze_count()
+with heap.collector_paused(freeze=sys.argv[2] == "freeze"):
+    inside = gc.isenabled()
+    with heap.collector_paused(freeze=True):  # nested: the outer scope decides
+        nested = gc.isenabled()
+    after_nested = (gc.isenabled(), gc.get_freeze_count() - frozen)
+    made = [[i] for i in range(1000)]  # containers the collector tracks
+
+@heap.collector_paused()
+def load():
+    return gc.isenabled()
+
+print(json.dumps({"inside": inside, "nested": nested, "after_nested": after_nested,
+                  "after": gc.isenabled(), "frozen": gc.get_freeze_count() - frozen >= 1000,
+                  "decorated": load(), "after_decorated": gc.isenabled()}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("collector", "freeze", "expect"),
+    [
+        ("on", "freeze", {"after": True, "frozen": True, "after_decorated": True}),
+        ("on", "keep", {"after": True, "frozen": False, "after_decorated": True}),
+        ("off", "freeze", {"after": False, "frozen": False, "after_decorated": False}),  # caller's
+    ],
+)
+def test_collector_paused_restores_and_freezes_only_when_asked(collector, freeze, expect):
+    """In a fresh process (a freeze would outlive the test): the collector is off inside,
+    nested scopes neither resume nor freeze it, and on leaving it is as it was."""
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR, collector, freeze], capture_output=True, text=True, check=True
+    ).stdout
+    seen = json.loads(out)
+    assert seen["inside"] is False and seen["nested"] is False and seen["decorated"] is False
+    assert seen["after_nested"] == [False, 0]
+    assert {k: seen[k] for k in expect} == expect

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
 import re
@@ -185,25 +183,13 @@ def claim_process() -> None:
     _PROCESS["cli"] = True
 
 
-@contextlib.contextmanager
 def start_up():
-    """Imports and model loading without Python's cyclic collector. They create about a
-    million objects that live as long as the process (torch's modules, the models), and
-    the collector's passes over them find next to nothing: about 0.25 s of a fresh
-    `specasr transcribe` went to three or four full passes (docs/benchmarks.md, "Start-up").
-    In a `specasr` process (`claim_process`) what exists on leaving is then frozen
-    (`gc.freeze`: later passes skip it) before the collector resumes; elsewhere it simply
-    resumes. A collector that was already off stays off."""
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            if _PROCESS["cli"]:
-                gc.freeze()
-            gc.enable()
+    """Imports and model loading with Python's cyclic collector paused
+    (`specasr.cpu.heap.collector_paused`); in a `specasr` process (`claim_process`) what
+    exists on leaving is frozen before the collector resumes."""
+    from specasr.cpu import heap  # no torch
+
+    return heap.collector_paused(freeze=_PROCESS["cli"])
 
 
 def load_models(

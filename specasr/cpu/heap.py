@@ -1,4 +1,5 @@
-"""The process's C heap policy (glibc malloc), owned in one place.
+"""The process's memory policy, owned in one place: the C heap (glibc malloc) and, during
+start-up, Python's cyclic collector.
 
 glibc serves a large block (above its mmap threshold) from a mapping of its own, returned
 to the system on free, and everything else from the heap. By default the threshold grows
@@ -17,13 +18,22 @@ weight-sized tensors, temporaries stay resident in the heap: tens of MB of peak 
   live set and nothing stays resident after it.
 - `trim()` returns the heap's free memory (malloc_trim), e.g. after loading.
 
-Off glibc every call is a no-op.
+Off glibc every heap call is a no-op.
+
+- `collector_paused()`: imports and model loading without Python's cyclic collector. They
+  create about a million objects that live as long as the process (torch's modules, the
+  models), and the collector's full passes over them find next to nothing: 0.25–0.3 s of a
+  fresh `specasr transcribe` went to three or four of them (docs/benchmarks.md, "Start-up").
+  With `freeze` (a `specasr` process only, `specasr.cli.common.start_up`) what exists on
+  leaving is moved out of the collector's sight (`gc.freeze`) before it resumes; a library
+  caller's collector simply resumes, and one that was off stays off.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,3 +108,20 @@ def workspace() -> Iterator[None]:
             if _depth == 0:
                 _set(LEAN_MMAP, TRIM_DEFAULT)
                 trim()
+
+
+@contextmanager
+def collector_paused(freeze: bool = False) -> Iterator[None]:
+    """Python's cyclic collector off inside (see the module docstring); on leaving, with
+    `freeze`, what exists is frozen (`gc.freeze`: later passes skip it), then the collector
+    resumes. Nothing when it was off already (nested scopes, a caller's own choice)."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            if freeze:
+                gc.freeze()
+            gc.enable()

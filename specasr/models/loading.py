@@ -247,6 +247,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
+@heap.collector_paused()  # loading makes many long-lived objects: see specasr.cpu.heap
 def load_pair(
     target: str,
     draft: str | None = "default",

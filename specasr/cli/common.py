@@ -174,22 +174,25 @@ def prepare_output_dir(output_dir: str) -> None:
         ) from e
 
 
-_PROCESS = {"cli": False}  # set by `cli.run`: this process is a `specasr` command
+_PROCESS = {"freeze": False}  # set by `cli.run`; the first `start_up` uses it up
 
 
 def claim_process() -> None:
-    """Marks this process as a `specasr` command's own (`cli.run`), so `start_up` may
-    freeze what loading made: a test or an embedding caller keeps its collector as it was."""
-    _PROCESS["cli"] = True
+    """Marks this process as a `specasr` command's own (`cli.run`), so its first `start_up`
+    freezes what start-up made: a test or an embedding caller keeps its collector as it was."""
+    _PROCESS["freeze"] = True
 
 
 def start_up():
     """Imports and model loading with Python's cyclic collector paused
-    (`specasr.cpu.heap.collector_paused`); in a `specasr` process (`claim_process`) what
-    exists on leaving is frozen before the collector resumes."""
+    (`specasr.cpu.heap.collector_paused`). In a `specasr` process (`claim_process`) the first
+    one freezes what exists on leaving before the collector resumes; later loads in the same
+    process (`specasr eval`, one model pair per mode) only pause it, so a finished mode's
+    cyclic garbage is never frozen with them."""
     from specasr.cpu import heap  # no torch
 
-    return heap.collector_paused(freeze=_PROCESS["cli"])
+    freeze, _PROCESS["freeze"] = _PROCESS["freeze"], False
+    return heap.collector_paused(freeze=freeze)
 
 
 def load_models(

@@ -9,8 +9,8 @@ Each run is a fresh process (the clip: the bundled example unless `--clip`) that
 perf_counter:
 - python: the interpreter's start (site included), taken as a bare `python -c pass` process's
   wall, at most what the parent saw outside the child's own clock;
-- import torch (with the collector paused, as `specasr.cli.common.start_up` imports it; the
-  small `specasr.cli.common` import counts here too); import specasr (the CLI and the
+- import torch (with Python's collector paused, as under `specasr.cli.common.start_up`, which
+  the run then enters itself); import specasr (the CLI and the
   modules it imports before loading);
 - load: target (`load_pair` less the draft) and draft (`load_draft` + `quantize_int8`);
 - encode (`ModelPair.encode`: log-Mel is outside it) and the rest of the run (audio, log-Mel,
@@ -34,15 +34,15 @@ from specasr.research.whole_process import FW_SCRIPT, run_measured
 CHILD = """
 import sys, time
 T = {"start": time.perf_counter()}
-from specasr.cli.common import claim_process, start_up
-claim_process()
-with start_up():  # the CLI imports torch inside `load_models`' start-up (collector paused)
-    import torch
+import gc
+gc.disable()  # the CLI imports torch inside `load_models`' start-up, with the collector paused
+import torch
 T["import torch"] = time.perf_counter()
 import specasr.cli
 import specasr.models.draft as D
 import specasr.models.loading as L
 T["import specasr"] = time.perf_counter()
+gc.enable()  # resumed before the run: its start-up pauses it again and freezes on leaving
 spent = {"draft": 0.0, "encode": 0.0, "load": 0.0}
 
 def timed(key, f):

@@ -246,6 +246,40 @@ def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
     assert not torch.equal(runs[1][:, 3], runs[1][:, 4])  # the steps really differ
 
 
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_a_cached_compilation_is_the_same_graph_and_a_bad_one_is_recompiled(tiny, tmp_path, monkeypatch):
+    """`scripted` caches its compilation (a fresh process loads it instead of compiling):
+    the loaded step gives bitwise the logits of a fresh compilation; a corrupt entry is
+    compiled afresh and rewritten."""
+    from specasr.cpu import scripted as S
+
+    monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
+    states = _states(tiny, 3)
+    prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * 2)
+
+    def logits() -> tuple[str, torch.Tensor]:
+        S.scripted.cache_clear()  # as a fresh process
+        d = copy.deepcopy(draft).attach(t).quantize_int8()
+        with torch.inference_mode():
+            runner = d.runner(states)
+            out = [runner(prefix, 1), runner(torch.tensor([[2068], [3699]]), 1)]
+        return type(d.layers[0]._step).__name__, torch.cat(out, dim=1)
+
+    try:
+        kinds, runs = zip(*(logits() for _ in range(2)))
+        assert kinds == ("ScriptFunction", "ScriptMethod")  # compiled and stored, then loaded
+        assert torch.equal(runs[0], runs[1])
+        (entry,) = (tmp_path / "scripted").glob("int8-*.pt")
+        entry.write_bytes(b"not a TorchScript archive")
+        kind, again = logits()
+        assert kind == "ScriptFunction" and torch.equal(again, runs[0])
+        torch.jit.load(str(entry))  # rewritten whole
+    finally:
+        S.scripted.cache_clear()
+
+
 def test_scripted_target_layers_match_the_eager_lean_decoder(base_pair):
     """`layer_steps.fp32_layer_step`: the target's scripted passes (up to MANY_ROWS rows)
     agree with the eager LeanDecoder layers, and blocks above that stay eager. On base's

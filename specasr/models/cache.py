@@ -9,6 +9,7 @@ written whole (a temporary file renamed into place), so a reader never sees half
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -21,12 +22,14 @@ def default_cache_root() -> Path:
 
 
 def store(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` whole: a temporary file beside it, renamed into place. A
-    concurrent writer of the same key writes the same bytes, so either rename may win."""
+    """Writes `data` to `path` whole: a temporary file of its own beside it (unique per
+    writer, threads included), renamed into place. Concurrent writers of one key write the
+    same bytes, so either rename may win."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     finally:

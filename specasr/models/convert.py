@@ -31,7 +31,7 @@ from typing import BinaryIO
 import torch
 from safetensors.torch import save_file
 
-from specasr.models.cache import default_cache_root
+from specasr.models.cache import default_cache_root, store
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 
@@ -369,11 +369,8 @@ def content_key(files: CT2Files, root: Path) -> str:
     known = len(memo)
     digests = [_sha256(files.model_parts, memo)]
     digests += [_sha256((p,), memo) if p.is_file() else "-" for p in (files.config, files.tokenizer)]
-    if len(memo) != known:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo, indent=0))
-        os.replace(tmp, memo_path)  # a concurrent writer may drop an entry: only recomputed
+    if len(memo) != known:  # a concurrent writer may drop an entry: only recomputed
+        store(memo_path, json.dumps(memo, indent=0).encode())
     return hashlib.sha256("\n".join([f"v{CONVERTER_VERSION}", *digests]).encode()).hexdigest()
 
 

@@ -1,6 +1,7 @@
 """The int8 target (`compute_type="int8"`): per-row int8 products that do not depend on the
 rows beside them, a decoder that runs them (scripted and eager alike), how the compute type
-is chosen, and that speculative modes refuse an int8 target instead of losing exactness."""
+is chosen, row-invariant attention (`specasr.cpu.invariant`), which makes speculative
+decoding of an int8 target exact, and the refusal where a machine's BLAS gives none."""
 
 from __future__ import annotations
 
@@ -128,22 +129,26 @@ def test_the_compute_type_is_resolved_and_int8_needs_a_cpu_in_fp32():
         resolve_compute_type("int4", cpu, torch.float32)
 
 
-def test_speculative_modes_refuse_an_int8_target(tmp_path):
-    """Exactness is not given up quietly: decoding refuses, and the CLI says so (exit 2)
-    before any model loads."""
+def test_speculative_modes_refuse_an_int8_target_without_row_invariant_attention(tmp_path, monkeypatch):
+    """Exactness is not given up quietly: where this machine's BLAS gives no row-invariant
+    attention (`fixed_rows()` is 0; faked here), decoding refuses an int8 target in a
+    speculative mode, and the CLI says so (exit 2) before any model loads."""
     from dataclasses import replace
 
     from tiny_pairs import random_tiny_pair
 
+    import specasr.cpu.invariant as invariant
     from specasr.cli import main
-    from specasr.decode.loop import decode_states
+    from specasr.decode.loop import decode_states, speculates_exactly
     from specasr.options import DecodeOptions
 
     tiny = random_tiny_pair(seed=3)
-    pair = replace(tiny, compute_type="int8")
+    pair = replace(tiny, compute_type="int8")  # fp32 layers: fixed_rows 0, as a failed probe leaves them
+    assert not speculates_exactly(pair) and speculates_exactly(tiny)
     states = torch.zeros(1, 1500, tiny.target.config.d_model)
     with pytest.raises(ValueError, match="decodes autoregressively only"):
         decode_states(pair, states, states, DecodeOptions(mode="exact"))
+    monkeypatch.setattr(invariant, "fixed_rows", lambda: 0)
     wav = tmp_path / "x.wav"
     wav.write_bytes(b"")
     for args in (
@@ -151,10 +156,116 @@ def test_speculative_modes_refuse_an_int8_target(tmp_path):
         ["eval", "librispeech-clean", "--data-dir", str(tmp_path), "--compute-type", "int8"],
     ):
         result = CliRunner().invoke(main, args)
-        assert (
-            result.exit_code == 2
-            and "--compute-type int8 decodes with --mode autoregressive only" in result.output
-        )
+        assert result.exit_code == 2 and "decodes with --mode autoregressive only here" in result.output
+
+
+def test_the_attention_probe_finds_a_row_count_here_and_fails_a_shape_dependent_kernel(monkeypatch):
+    """`fixed_rows()`: this machine's BLAS computes attention rows alike from some row count
+    on (4 with MKL on AVX2); a kernel whose rows depend on how many share the call fails the
+    probe, so such a machine gets no int8 speculation rather than a silent mismatch."""
+    import specasr.cpu.invariant as invariant
+    from specasr.cpu.scripted import fixed_attend
+
+    assert invariant.fixed_rows() in invariant.CANDIDATES
+    g = torch.Generator().manual_seed(1)
+    assert invariant._row_invariant(invariant.fixed_rows(), 1500, 0, g)
+
+    def shape_dependent(q, K, V, mask, rows, chunk):  # rows differ in the last bit with T
+        y = fixed_attend(q, K, V, mask, rows, chunk)
+        return y * (1 + 1e-7 * q.shape[2])
+
+    monkeypatch.setattr(invariant, "fixed_attend", shape_dependent)
+    assert not invariant._row_invariant(4, 1500, 0, g)
+
+
+def test_fixed_attention_is_row_invariant_and_close_to_plain_attention():
+    """`fixed_attend` is attention (within fp32 rounding of SDPA), and in SELF_CHUNK key
+    products a row's result does not depend on how many cache positions the pass reads."""
+    import torch.nn.functional as F
+
+    from specasr.cpu.invariant import fixed_rows
+    from specasr.cpu.scripted import SELF_CHUNK, fixed_attend
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 8, 6, 64, generator=g) * 0.125
+    K, V = torch.randn(2, 2, 8, 448, 64, generator=g)
+    pos = torch.tensor([[70, 71, 72, 73, 74, 75], [3, 4, 5, 6, 7, 8]])
+    mask = (torch.arange(448) <= pos[:, :, None]).unsqueeze(1)  # [B, 1, T, 448]
+    rows = fixed_rows()
+    want = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=1.0)
+    full = fixed_attend(q, K, V, mask, rows, SELF_CHUNK)
+    assert torch.allclose(full, want, atol=1e-5)
+    part = fixed_attend(q[1:], K[1:, :, :64], V[1:, :, :64], mask[1:, :, :, :64], rows, SELF_CHUNK)
+    assert torch.equal(part, full[1:])  # row 1 reads one chunk instead of seven: the same bits
+    one = fixed_attend(
+        q[:1, :, 2:3], K[:1, :, :128], V[:1, :, :128], mask[:1, :, 2:3, :128], rows, SELF_CHUNK
+    )
+    assert torch.equal(one, full[:1, :, 2:3])
+
+
+@pytest.mark.slow
+def test_an_int8_base_scores_every_row_of_a_verify_pass_as_its_one_token_step():
+    """Real weights: an int8 base's ragged batched passes of 1–8 tokens (and a 13-token first
+    pass) give each row bitwise the logits that row gets alone, one token at a time. This
+    is what makes speculative decoding of an int8 target exact."""
+    import random
+
+    from specasr.decode.runners import make_runner
+    from specasr.models.loading import load_pair
+
+    target = load_pair("base", None, compute_type="int8").target
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(3, 1500, 512, generator=g) * 0.5
+    tokens = torch.randint(0, 50000, (3, 40), generator=g)
+    alone = []
+    for b in range(3):
+        runner = make_runner(target, states[b : b + 1])
+        rows = [runner(tokens[b : b + 1, :4], 4)[0]]
+        rows += [runner(tokens[b : b + 1, t : t + 1], 1)[0] for t in range(4, 40)]
+        alone.append(torch.cat(rows))  # [40, V]
+    batch = make_runner(target, states)
+    first = batch(tokens[:, :13], 13)
+    assert all(torch.equal(first[b], alone[b][:13]) for b in range(3))
+    rnd, checked = random.Random(1), 0
+    while True:
+        k, P = rnd.randint(1, 8), list(batch.lengths)
+        if max(P) + k > 40:
+            break
+        logits = batch(torch.stack([tokens[b, P[b] : P[b] + k] for b in range(3)]), k)
+        for b in range(3):
+            assert torch.equal(logits[b], alone[b][P[b] : P[b] + k]), (P, k, b)
+            checked += 1
+        batch.rollback([P[b] + rnd.randint(1, k) for b in range(3)])  # rows accept different counts
+    assert checked >= 15
+
+
+@pytest.mark.slow
+def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivox):
+    """Real weights: base in int8 with the packaged draft. Exact mode gives the int8 target's
+    autoregressive tokens on every LibriVox clip and on the long-form fixture, sequential and
+    chunked with VAD (ragged batched rows), with speculation running."""
+    from specasr.models.loading import load_pair
+    from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
+    from specasr.research.longform import long_recording
+    from specasr.transcription import transcribe, transcribe_clip
+
+    pair = load_pair("base", "default", compute_type="int8")
+    assert pair.compute_type == "int8" and pair.draft is not None
+    for clip in librivox:
+        ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
+        ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
+        assert ex.tokens == ar.tokens, clip.id
+    rec = long_recording(librivox[0].path.parent)
+    for opts in (
+        TranscribeOptions(),
+        TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions()),
+    ):
+        runs = {}
+        for mode in ("autoregressive", "exact"):
+            segments, info = transcribe(rec.samples, pair, opts.with_decode(mode=mode), source_rate=16000)
+            runs[mode] = ([s.tokens for s in segments], info.stats)
+        assert runs["exact"][0] == runs["autoregressive"][0], opts.strategy
+        assert runs["exact"][1].proposed > 0 and runs["exact"][1].token_acceptance > 0.5
 
 
 @pytest.mark.slow

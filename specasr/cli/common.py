@@ -125,15 +125,22 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
 
 
 def check_compute_type(compute_type: str, modes) -> None:
-    """A usage error (exit 2) for --compute-type int8 with a speculative mode: an int8
-    target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`)."""
+    """A usage error (exit 2), before any model loads, for --compute-type int8 with a
+    speculative mode on a machine whose BLAS gives no row-invariant attention: there an int8
+    target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The check
+    imports torch, so it runs as the process's start-up (`start_up`)."""
     modes = [modes] if isinstance(modes, str) else list(modes)
     if compute_type == "int8" and (spec := [m for m in modes if m != "autoregressive"]):
-        raise click.UsageError(
-            f"--compute-type int8 decodes with --mode autoregressive only, not {', '.join(spec)}: "
-            "a k-token verify pass is not bitwise the int8 target's one-token step. Use "
-            "--compute-type float32 (or auto) for speculative modes"
-        )
+        with start_up():
+            from specasr.cpu.invariant import fixed_rows
+
+            invariant = fixed_rows() > 0
+        if not invariant:
+            raise click.UsageError(
+                f"--compute-type int8 decodes with --mode autoregressive only here, not {', '.join(spec)}: "
+                "this machine's BLAS computes attention rows differently in a k-token verify pass "
+                "and a one-token step. Use --compute-type float32 (or auto) for speculative modes"
+            )
 
 
 def check_loaded(pair, mode: str, language: str | None, task: str) -> None:
@@ -306,9 +313,9 @@ model_options = _stack(
         type=click.Choice(["auto", "float32", "int8"]),
         default="float32",
         show_default=True,
-        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own, with "
-        "--mode autoregressive only; auto: int8 for autoregressive decoding on AVX2/AVX-512 CPUs "
-        "with fbgemm, else float32.",
+        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own; "
+        "speculative modes give its own greedy tokens; auto: int8 for --mode autoregressive on "
+        "AVX2/AVX-512 CPUs with fbgemm, else float32.",
     ),
 )
 

@@ -65,6 +65,7 @@ class LeanDecoder:
             layer = DecoderLayer.__new__(DecoderLayer)  # no fresh weights: every part is the model's
             nn.Module.__init__(layer)
             layer.heads, layer.dh = self.heads, self.d_model // self.heads
+            layer.fixed_rows = getattr(hf, "fixed_rows", 0)
             for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
                 setattr(layer, name, getattr(hf, name))
             for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own

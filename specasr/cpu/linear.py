@@ -29,8 +29,8 @@ product cheaper. Two kinds:
 - per row (an int8 target, `compute_type="int8"`): each row is scaled to [-1, 1] before
   fbgemm quantises the block, and an anchor row pins fbgemm's range to exactly [-1, 1], so
   every row is quantised on its own fixed grid and its integer product is exact: a row's
-  result is bitwise the same whatever rows share the call (attention is not, which is why an
-  int8 target still decodes autoregressively only: `specasr.decode.loop.INT8_SPECULATIVE`).
+  result is bitwise the same whatever rows share the call (with row-invariant attention,
+  `specasr.cpu.invariant`, this makes speculative decoding of an int8 target exact).
   Weights take 7 bits (±63) so that full 8-bit
   activations cannot saturate the 16-bit pair sums of AVX2's u8·s8 product (fbgemm's
   `reduce_range` would instead halve the activations' grid).

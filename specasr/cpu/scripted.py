@@ -120,6 +120,75 @@ def _self_attend(
     )
 
 
+def fixed_attend(
+    q: Tensor,
+    K: Tensor,
+    V: Tensor,
+    mask: Optional[Tensor],  # noqa: UP045
+    rows: int,
+    chunk: int,
+) -> Tensor:
+    """Attention whose every query row is computed bitwise alike however many rows and
+    batch rows share the call: q [B, H, T, dh] (scaled), K, V [B, H, N, dh], mask None or
+    [B or 1, 1, T, N] bool (True = attend) -> [B, H, T, dh].
+
+    A BLAS product's summation order depends on its shape: one query row goes through a
+    matrix-vector kernel, a few more through small-matrix kernels, and from some row count
+    on every row through the same blocked GEMM. `rows` is that count for this machine's BLAS
+    (`specasr.cpu.invariant.fixed_rows` finds it): fewer query rows are padded with zero
+    rows up to it. chunk = 0: N is the same in every call (cross-attention's 1500 frames).
+    chunk > 0 (self-attention, N a multiple of it, keys past a row's position masked): the
+    scores and softmax of a row do not depend on N (masked keys weigh exactly 0), but the
+    weights-by-values product's blocking does, so it runs as one product per `chunk` keys,
+    summed in key order: a row's chunks past its position add exact zeros. So a k-token
+    verify pass gives each row the bits a one-token step at that position gives (tested on
+    real weights)."""
+    T = q.shape[2]
+    n = max(T, rows)
+    s = F.pad(q, [0, 0, 0, n - T]) @ K.transpose(2, 3)  # [B, H, n, N]
+    s = s[:, :, :T]
+    if mask is not None:
+        s = s.masked_fill(mask.logical_not(), float("-inf"))
+    p = F.pad(torch.softmax(s, dim=-1), [0, 0, 0, n - T])  # [B, H, n, N]
+    if chunk == 0:
+        return (p @ V)[:, :, :T]
+    y = p[:, :, :, :chunk] @ V[:, :, :chunk]  # [B, H, n, dh]
+    for c in range(chunk, K.shape[2], chunk):
+        y = y + p[:, :, :, c : c + chunk] @ V[:, :, c : c + chunk]
+    return y[:, :, :T]
+
+
+SELF_CHUNK = 64  # keys per self-attention product of an int8 target (`fixed_self_attend`)
+
+
+def fixed_self_attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    K: Tensor,
+    V: Tensor,
+    start: int,
+    write: Optional[Tensor],  # noqa: UP045
+    rows: int,
+) -> Tensor:
+    """`_self_attend` for an int8 target, through `fixed_attend`: writes k, v into the
+    cache as `_self_attend` does, then each query attends over the cache's first N
+    positions, N the pass's greatest length rounded up to SELF_CHUNK (448 = 7 · 64), with
+    every position past its own masked (stale keys of rolled-back tokens weigh 0)."""
+    T, chunk = q.shape[2], 64  # SELF_CHUNK (TorchScript reads no module globals)
+    if write is None:
+        K[:, :, start : start + T] = k
+        V[:, :, start : start + T] = v
+        pos = (start + torch.arange(T, device=q.device)).unsqueeze(0)  # [1, T]
+    else:
+        K.scatter_(2, write, k)
+        V.scatter_(2, write, v)
+        pos = write[:, 0, :, 0]  # [B, T]
+    N = min(K.shape[2], (int(pos.max()) + chunk) // chunk * chunk)
+    mask = torch.arange(N, device=q.device) <= pos.unsqueeze(2)  # [B or 1, T, N]
+    return _merge(fixed_attend(q, K[:, :, :N], V[:, :, :N], mask.unsqueeze(1), rows, chunk))
+
+
 def fp32_layer_step(
     x: Tensor,  # [B, T, d] at positions start … start+T-1, B·T ≤ MANY_ROWS
     ln1_w: Tensor,
@@ -188,6 +257,7 @@ def int8_layer_step(
     fc2: torch.classes.quantized.LinearPackedParamsBase,
     fc2_b: Optional[Tensor],  # noqa: UP045
     per_row: bool,  # activations quantised per row (an int8 target) or per call (a draft)
+    rows: int,  # an int8 target: `fixed_attend`'s least query rows per product (0: plain attention)
     K: Tensor,  # [B, H, 448, dh] self-attention cache
     V: Tensor,
     cross_k: Tensor,  # [B, H, S, dh]
@@ -202,12 +272,17 @@ def int8_layer_step(
     B, shape = x.shape[0], x.shape
     scale = float(x.shape[2] // heads) ** -0.5
     q, k, v = int8_product(_norm(x, ln1_w, ln1_b, eps), qkv, qkv_b, per_row).chunk(3, dim=1)  # [B·T, d] each
-    y = _self_attend(
-        _heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads), K, V, mask, start, write
-    )
+    q, k, v = _heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads)
+    if rows > 0:  # an int8 target: every row alike whatever shares the pass (`fixed_attend`)
+        y = fixed_self_attend(q, k, v, K, V, start, write, rows)
+    else:
+        y = _self_attend(q, k, v, K, V, mask, start, write)
     x = x + int8_product(y, out, out_b, per_row).view(shape)
     q = _heads(int8_product(_norm(x, ln2_w, ln2_b, eps), cross_q, cross_q_b, per_row) * scale, B, heads)
-    y = _merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0))
+    if rows > 0:
+        y = _merge(fixed_attend(q, cross_k, cross_v, None, rows, 0))
+    else:
+        y = _merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0))
     x = x + int8_product(y, cross_out, cross_out_b, per_row).view(shape)
     h = F.gelu(int8_product(_norm(x, ln3_w, ln3_b, eps), fc1, fc1_b, per_row))
     return x + int8_product(h, fc2, fc2_b, per_row).view(shape)
@@ -307,6 +382,7 @@ def int8_args(layer) -> tuple:
         f2,
         f2_b,
         layer.fc1.per_row,
+        layer.fixed_rows,
     )
 
 

@@ -116,11 +116,21 @@ def decode(
 
 
 INT8_SPECULATIVE = (
-    "an int8 target decodes autoregressively only: its per-row int8 products are batch-independent, "
-    "but attention over a k-token verify pass is not bitwise the one-token step's, and int8 "
-    "quantisation turns those last-bit differences into different tokens; use mode "
-    "'autoregressive' with compute type int8, or compute type float32 for speculative modes"
+    "this int8 target decodes autoregressively only: speculative decoding needs attention whose "
+    "every row is bitwise alike in a k-token verify pass and a one-token step (int8 quantisation "
+    "turns last-bit differences into different tokens), and this machine's BLAS gave none "
+    "(`specasr.cpu.invariant.fixed_rows` is 0); use mode 'autoregressive' with compute type int8, "
+    "or compute type float32 for speculative modes"
 )
+
+
+def speculates_exactly(pair) -> bool:
+    """Whether speculative modes keep the target's greedy tokens with this pair: always in
+    fp32 (up to summation order), and for an int8 target when its layers attend row-invariantly
+    (`specasr.cpu.invariant`)."""
+    if getattr(pair, "compute_type", "float32") != "int8":
+        return True
+    return all(getattr(layer, "fixed_rows", 0) > 0 for layer in pair.target.model.decoder.layers)
 
 
 @torch.inference_mode()
@@ -140,7 +150,7 @@ def decode_states(
     stats = stats or DecodeStats()
     if options.speculative and (pair.draft is None or draft_states is None):
         raise ValueError(f"mode {options.mode!r} needs a draft model; load one or use mode 'autoregressive'")
-    if options.speculative and getattr(pair, "compute_type", "float32") == "int8":
+    if options.speculative and not speculates_exactly(pair):
         raise ValueError(INT8_SPECULATIVE)
     language = task_language(pair, options, target_states)
     task = Task.build(pair, options, language, prompt)

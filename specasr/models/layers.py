@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specasr.cpu.scripted import fixed_attend, fixed_self_attend
+
 
 @contextmanager
 def no_init():
@@ -67,6 +69,11 @@ class DecoderLayer(nn.Module):
     _few_args: tuple = ()
     _few_rows: int = 0
     _step_eps = 1e-5
+    # an int8 target's layer (`specasr.models.whisper.quantize_target`): cached passes attend
+    # through `specasr.cpu.scripted.fixed_attend` with at least this many query rows per
+    # product, every row bitwise alike whatever shares the pass, so a verify pass scores
+    # each token as a one-token step does (`specasr.cpu.invariant`); 0: plain attention
+    fixed_rows = 0
 
     def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
         """device: where to allocate the (uninitialised-to-be-loaded) weights; "meta" for none."""
@@ -124,6 +131,15 @@ class DecoderLayer(nn.Module):
         else:
             q = self._split(a.q_proj(h) * scale)
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
+        if cache is not None and self.fixed_rows:
+            y = fixed_self_attend(q, k, v, *cache, start, write, self.fixed_rows)  # [B·T, d]
+            x = x + a.out_proj(y.view(x.shape))
+            c = self.encoder_attn
+            q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
+            x = x + c.out_proj(
+                fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0).transpose(1, 2).reshape(x.shape)
+            )
+            return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
         if cache is not None:
             K, V = cache
             if write is None:

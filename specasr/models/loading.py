@@ -267,7 +267,7 @@ def load_pair(
     can move the acceptance rate, never the transcript.
     compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
     (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
-    own that decodes autoregressively only) or "auto".
+    own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
     more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
@@ -338,9 +338,10 @@ def resolve_compute_type(
     "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
     (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
     reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:
-    docs/benchmarks.md), else "float32": when in doubt, the checkpoint's own precision. An
-    int8 target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`), so a
-    pair with a draft gets float32 from "auto"."""
+    docs/benchmarks.md), else "float32": when in doubt, the checkpoint's own precision. A
+    pair with a draft gets float32 from "auto": speculative decoding promises the checkpoint's
+    own greedy tokens by default, and an int8 target (exact against itself,
+    `specasr.cpu.invariant`) is a different model that a user asks for by name."""
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"compute type {compute_type!r}: expected one of {', '.join(COMPUTE_TYPES)}")
     cpu32 = device.type == "cpu" and dtype == torch.float32

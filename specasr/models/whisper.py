@@ -510,10 +510,13 @@ def quantize_target(model: Whisper) -> Whisper:
     The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
     (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
     1.23× faster per window but cost speech on the long-form fixture (docs/benchmarks.md)."""
+    from specasr.cpu.invariant import fixed_rows
     from specasr.cpu.linear import Int8Head, Int8Linear
     from specasr.models.layers import fuse_qkv
 
+    rows = fixed_rows()  # 0 where this machine's BLAS gives no row-invariant attention
     for layer in model.model.decoder.layers:
+        layer.fixed_rows = rows  # rows alike in any pass: speculative decoding stays exact
         fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
         for box, names in (
             (layer.self_attn, ("out_proj",)),

@@ -101,7 +101,7 @@ def step_bytes(config, frames: int = 1500, element: int = 4, matrix_element: int
     type=click.Choice(["float32", "int8"]),
     default="float32",
     show_default=True,
-    help="The target's products; int8 is target-only (no draft step).",
+    help="The target's products (the draft step is timed against the fp32 target).",
 )
 @click.option(
     "--half-weights", is_flag=True, help="Add the fp16-packed decoder forms (`load_pair(half_weights=True)`)."

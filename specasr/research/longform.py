@@ -5,8 +5,8 @@
 
 With --vad, sequential and chunked decoding of only the speech Silero VAD finds are added (VAD
 time included); the issue-18 target is chunked + VAD + speculative against sequential autoregressive.
-Each compute type in --compute-type adds its own rows (one model pair each; int8 is target-only,
-so its rows are autoregressive). --faster-whisper adds
+Each compute type in --compute-type adds its own rows (one model pair each; an int8 target's
+speculative rows are exact against its own autoregressive rows). --faster-whisper adds
 its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8.
 
 Every configuration transcribes the same long recording (`long_recording`: the LibriVox
@@ -134,7 +134,7 @@ def main(
     spec = base.with_decode(mode=mode)
     configs, pairs = {}, {}
     for ct in compute_types.split(","):
-        pair = pairs[ct] = load_pair(model, draft if ct != "int8" else None, device=device, compute_type=ct)
+        pair = pairs[ct] = load_pair(model, draft, device=device, compute_type=ct)
         tag = "" if ct == "float32" else f" [{ct}]"
         rows = {  # (strategy, VAD, speculative) -> name
             ("sequential", False, False): f"sequential, autoregressive{tag}",
@@ -149,8 +149,6 @@ def main(
                 f"chunked B={batch_size} + VAD, speculative ({mode}, {draft}){tag}"
             )
         for (strategy, with_v, speculative), name in rows.items():
-            if speculative and ct == "int8":  # an int8 target decodes autoregressively only
-                continue
             opts = replace(spec if speculative else ar, strategy=strategy)
             opts = replace(opts, batch_size=batch_size) if strategy == "chunked" else opts
             configs[name] = _ours(pair, replace(opts, vad=VadOptions()) if with_v else opts)
@@ -179,10 +177,13 @@ def main(
     names = list(configs)
     ref = statistics.median(times[names[0]])
     identical = []
-    for strategy in ("sequential", f"chunked B={batch_size}"):  # float32 rows, the first four
-        a, b = (f"{strategy}, autoregressive", f"{strategy}, speculative ({mode}, {draft})")
-        if a in outputs and b in outputs:
-            identical.append(f"{strategy.split()[0]} {'yes' if outputs[a][1] == outputs[b][1] else 'NO'}")
+    for ct in compute_types.split(","):
+        tag = "" if ct == "float32" else f" [{ct}]"
+        for strategy in ("sequential", f"chunked B={batch_size}", f"chunked B={batch_size} + VAD"):
+            a, b = (f"{strategy}, autoregressive{tag}", f"{strategy}, speculative ({mode}, {draft}){tag}")
+            if a in outputs and b in outputs:
+                same = "yes" if outputs[a][1] == outputs[b][1] else "NO"
+                identical.append(f"{strategy.replace(f' B={batch_size}', '')}{tag} {same}")
     click.echo(
         f"{model} (draft {draft}) on {duration:.1f} s of audio, device {device}, "
         f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "

@@ -1,6 +1,7 @@
 """Speculative vs autoregressive for one draft, on short clips and on a long recording.
 
     python -m specasr.research.speedup --model base --draft default --repeats 5 [--also 4:0 ...]
+        [--compute-type int8]
 
 One process, one run: (1) each LibriVox fixture as one 30 s window
 (`specasr.research.bench.run_bench`), (2) the long-form fixture
@@ -281,7 +282,15 @@ def _bound_rows(b: Bounds) -> list[tuple[str, str]]:
     help="Another speculative configuration GAMMA:STOP (e.g. 4:0) for the long-form side-by-side table.",
 )
 @click.option("--device", default="cpu", show_default=True)
-def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, also, device) -> None:
+@click.option(
+    "--compute-type",
+    default="float32",
+    show_default=True,
+    help="The target's compute type (`load_pair(compute_type=)`); both sides decode the same target.",
+)
+def main(
+    model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, also, device, compute_type
+) -> None:
     from pathlib import Path
 
     import torch
@@ -290,10 +299,10 @@ def main(model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, als
     from specasr.research.bench import file_mels, run_bench
     from specasr.research.longform import long_recording
 
-    pair = load_pair(model, draft, device=device)
+    pair = load_pair(model, draft, device=device, compute_type=compute_type)
     click.echo(
-        f"{model} + draft {pair.draft_name}, mode {mode}, γ {gamma_policy} from {gamma}, "
-        f"draft stop {draft_stop}, "
+        f"{model} [{pair.compute_type}] + draft {pair.draft_name}, mode {mode}, "
+        f"γ {gamma_policy} from {gamma}, draft stop {draft_stop}, "
         f"device {pair.device}, {torch.get_num_threads()} threads, {repeats} repeats, T = 0\n"
     )
     files = sorted(Path(data).glob("*.wav"))

@@ -25,6 +25,22 @@ def test_transcribe_prints_one_transcript_per_file(librivox):
     assert "α̂=" in result.stderr and "target calls" in result.stderr
 
 
+@pytest.mark.slow  # loads base in int8 with the packaged draft
+def test_an_int8_target_transcribes_in_the_default_exact_mode_as_it_does_autoregressively(librivox):
+    """`--compute-type int8` with the default mode (exact) runs speculation and prints the
+    int8 target's own greedy transcript, that of `--mode autoregressive --compute-type int8`."""
+    paths = [str(c.path) for c in librivox[:2]]
+    out, err = {}, {}
+    for mode in ("exact", "autoregressive"):
+        args = ["transcribe", *paths, "--model", "base", "--compute-type", "int8", "--mode", mode, "--stats"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        out[mode], err[mode] = result.stdout, result.stderr
+    assert out["exact"] == out["autoregressive"] and out["exact"].count(": ") == 2
+    assert "young man" in out["exact"].lower()
+    assert "α̂=" in err["exact"]  # the draft ran
+
+
 @pytest.mark.slow  # loads tiny.en
 def test_bad_file_is_reported_and_the_batch_goes_on(librivox, tmp_path):
     bad = tmp_path / "corrupt.wav"

@@ -12,7 +12,8 @@ greedily with timestamps, Whisper's fallback schedule, language "en".
 
 Rows:
 - `import + load_pair("base")`: `python -c` that imports specasr and loads the pair;
-- `specasr transcribe CLIP --mode exact|autoregressive`: the CLI, models loaded every run;
+- `specasr transcribe CLIP --mode exact|autoregressive [--compute-type int8]`: the CLI, models
+  loaded every run;
 - `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores).
 
 faster-whisper is optional (`pip install "specasr[bench]"`); without it those rows are skipped.
@@ -116,6 +117,10 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int) -> list[Row]:
         Row(
             "specasr transcribe --mode autoregressive --compute-type int8",
             [*cli, "--mode", "autoregressive", "--compute-type", "int8"],
+        ),
+        Row(
+            "specasr transcribe --mode exact --compute-type int8",
+            [*cli, "--mode", "exact", "--compute-type", "int8"],
         ),
     ]
     if fw_dir is not None:

@@ -38,7 +38,7 @@ from specasr.cpu.linear import (
     head_form,
     shared_form,
 )
-from specasr.cpu.scripted import fp32_args, int8_args, scripted, unoptimized_script
+from specasr.cpu.scripted import fixed_mask, fp32_args, int8_args, scripted, unoptimized_script
 from specasr.models.layers import DecoderLayer, embed
 
 
@@ -140,6 +140,8 @@ class LeanRunner:
         cross = cross or [None] * len(decoder.layers)
         with torch.inference_mode():  # per layer K, V [B, H, S, dh]
             self.cross = [kv or layer.cross_kv(states) for kv, layer in zip(cross, decoder.layers)]
+        # an int8 target's layers attend row-invariantly over a `fixed_mask` (`specasr.cpu.invariant`)
+        self.fixed = getattr(decoder.layers[0], "fixed_rows", 0) > 0
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
@@ -164,11 +166,15 @@ class LeanRunner:
         if min(P) == max(P):  # rows alike (always at B = 1): one slice, one causal mask or none
             x = self.decoder.embed(tokens, start)
             mask = None
-            if T > 1:
+            if self.fixed:
+                mask = fixed_mask(start + torch.arange(T, device=x.device).unsqueeze(0), N_TEXT_CTX)
+            elif T > 1:
                 mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
         else:
             start = max(P)
             x, mask, write = self._ragged(tokens, P)
+            if self.fixed:
+                mask = fixed_mask(write[:, 0, :, 0], N_TEXT_CTX)
         with unoptimized_script():
             for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
                 x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)

@@ -161,32 +161,37 @@ def fixed_attend(
 SELF_CHUNK = 64  # keys per self-attention product of an int8 target (`fixed_self_attend`)
 
 
+def fixed_mask(pos: Tensor, cache: int) -> Tensor:
+    """The self-attention mask of an int8 target's pass: pos [B or 1, T], each query's
+    position -> [B or 1, 1, T, N] bool (True = attend), N the pass's greatest length rounded
+    up to SELF_CHUNK, at most `cache` (448 = 7 · 64)."""
+    N = min(cache, (int(pos.max()) + SELF_CHUNK) // SELF_CHUNK * SELF_CHUNK)
+    return (torch.arange(N, device=pos.device) <= pos.unsqueeze(2)).unsqueeze(1)
+
+
 def fixed_self_attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     K: Tensor,
     V: Tensor,
+    mask: Tensor,
     start: int,
     write: Optional[Tensor],  # noqa: UP045
     rows: int,
 ) -> Tensor:
     """`_self_attend` for an int8 target, through `fixed_attend`: writes k, v into the
     cache as `_self_attend` does, then each query attends over the cache's first N
-    positions, N the pass's greatest length rounded up to SELF_CHUNK (448 = 7 · 64), with
-    every position past its own masked (stale keys of rolled-back tokens weigh 0)."""
-    T, chunk = q.shape[2], 64  # SELF_CHUNK (TorchScript reads no module globals)
+    positions, mask [B or 1, 1, T, N] (`fixed_mask`, built once per pass), with every
+    position past its own masked (stale keys of rolled-back tokens weigh 0)."""
+    T, N = q.shape[2], mask.shape[3]
     if write is None:
         K[:, :, start : start + T] = k
         V[:, :, start : start + T] = v
-        pos = (start + torch.arange(T, device=q.device)).unsqueeze(0)  # [1, T]
     else:
         K.scatter_(2, write, k)
         V.scatter_(2, write, v)
-        pos = write[:, 0, :, 0]  # [B, T]
-    N = min(K.shape[2], (int(pos.max()) + chunk) // chunk * chunk)
-    mask = torch.arange(N, device=q.device) <= pos.unsqueeze(2)  # [B or 1, T, N]
-    return _merge(fixed_attend(q, K[:, :, :N], V[:, :, :N], mask.unsqueeze(1), rows, chunk))
+    return _merge(fixed_attend(q, K[:, :, :N], V[:, :, :N], mask, rows, 64))  # 64: SELF_CHUNK
 
 
 def fp32_layer_step(
@@ -263,6 +268,7 @@ def int8_layer_step(
     cross_k: Tensor,  # [B, H, S, dh]
     cross_v: Tensor,
     mask: Optional[Tensor],  # noqa: UP045  [T, start+T] or [B, 1, T, start+T] bool; None: T == 1
+    # (an int8 target: `fixed_mask`, [B or 1, 1, T, N])
     start: int,
     write: Optional[Tensor],  # noqa: UP045  ragged rows: cache positions [B, H, T, dh]
     heads: int,
@@ -274,7 +280,8 @@ def int8_layer_step(
     q, k, v = int8_product(_norm(x, ln1_w, ln1_b, eps), qkv, qkv_b, per_row).chunk(3, dim=1)  # [B·T, d] each
     q, k, v = _heads(q, B, heads) * scale, _heads(k, B, heads), _heads(v, B, heads)
     if rows > 0:  # an int8 target: every row alike whatever shares the pass (`fixed_attend`)
-        y = fixed_self_attend(q, k, v, K, V, start, write, rows)
+        assert mask is not None  # `fixed_mask`
+        y = fixed_self_attend(q, k, v, K, V, mask, start, write, rows)
     else:
         y = _self_attend(q, k, v, K, V, mask, start, write)
     x = x + int8_product(y, out, out_b, per_row).view(shape)

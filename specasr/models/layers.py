@@ -131,8 +131,8 @@ class DecoderLayer(nn.Module):
         else:
             q = self._split(a.q_proj(h) * scale)
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
-        if cache is not None and self.fixed_rows:
-            y = fixed_self_attend(q, k, v, *cache, start, write, self.fixed_rows)  # [B·T, d]
+        if cache is not None and self.fixed_rows:  # mask: `fixed_mask`
+            y = fixed_self_attend(q, k, v, *cache, mask, start, write, self.fixed_rows)  # [B·T, d]
             x = x + a.out_proj(y.view(x.shape))
             c = self.encoder_attn
             q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)

@@ -93,6 +93,26 @@ def _merge(y: Tensor) -> Tensor:
     return y.transpose(1, 2).reshape(y.shape[0] * y.shape[2], y.shape[1] * y.shape[3])
 
 
+def write_cache(
+    k: Tensor,
+    v: Tensor,
+    K: Tensor,
+    V: Tensor,
+    start: int,
+    write: Optional[Tensor],  # noqa: UP045 (TorchScript)
+) -> None:
+    """Writes a pass's keys and values k, v [B, H, T, dh] into the cache K, V [B, H, 448, dh]:
+    at positions start … start+T-1, or for ragged rows at the scatter index `write`
+    [B, H, T, dh] (each row's own positions)."""
+    if write is None:
+        T = k.shape[2]
+        K[:, :, start : start + T] = k
+        V[:, :, start : start + T] = v
+    else:
+        K.scatter_(2, write, k)
+        V.scatter_(2, write, v)
+
+
 def _self_attend(
     q: Tensor,
     k: Tensor,
@@ -107,12 +127,7 @@ def _self_attend(
     [B, H, 448, dh] (ragged rows: at the scatter index `write` [B, H, T, dh], with `start`
     the greatest row start) and attends over positions 0 … start+T-1 -> [B·T, d]."""
     T = q.shape[2]
-    if write is None:
-        K[:, :, start : start + T] = k
-        V[:, :, start : start + T] = v
-    else:
-        K.scatter_(2, write, k)
-        V.scatter_(2, write, v)
+    write_cache(k, v, K, V, start, write)
     return _merge(
         F.scaled_dot_product_attention(
             q, K[:, :, : start + T], V[:, :, : start + T], attn_mask=mask, scale=1.0
@@ -184,13 +199,8 @@ def fixed_self_attend(
     cache as `_self_attend` does, then each query attends over the cache's first N
     positions, mask [B or 1, 1, T, N] (`fixed_mask`, built once per pass), with every
     position past its own masked (stale keys of rolled-back tokens weigh 0)."""
-    T, N = q.shape[2], mask.shape[3]
-    if write is None:
-        K[:, :, start : start + T] = k
-        V[:, :, start : start + T] = v
-    else:
-        K.scatter_(2, write, k)
-        V.scatter_(2, write, v)
+    N = mask.shape[3]
+    write_cache(k, v, K, V, start, write)
     return _merge(fixed_attend(q, K[:, :, :N], V[:, :, :N], mask, rows, 64))  # 64: SELF_CHUNK
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.cpu.scripted import fixed_attend, fixed_self_attend
+from specasr.cpu.scripted import fixed_attend, fixed_self_attend, write_cache
 
 
 @contextmanager
@@ -131,29 +131,23 @@ class DecoderLayer(nn.Module):
         else:
             q = self._split(a.q_proj(h) * scale)
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
-        if cache is not None and self.fixed_rows:  # mask: `fixed_mask`
-            y = fixed_self_attend(q, k, v, *cache, mask, start, write, self.fixed_rows)  # [B·T, d]
-            x = x + a.out_proj(y.view(x.shape))
-            c = self.encoder_attn
-            q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
-            x = x + c.out_proj(
-                fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0).transpose(1, 2).reshape(x.shape)
-            )
-            return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
-        if cache is not None:
-            K, V = cache
-            if write is None:
-                K[:, :, start : start + T] = k
-                V[:, :, start : start + T] = v
-            else:
-                K.scatter_(2, write, k)
-                V.scatter_(2, write, v)
-            k, v = K[:, :, : start + T], V[:, :, : start + T]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))
+        fixed = cache is not None and self.fixed_rows > 0  # an int8 target; mask: `fixed_mask`
+        if fixed:
+            y = fixed_self_attend(q, k, v, *cache, mask, start, write, self.fixed_rows).view(x.shape)
+        else:
+            if cache is not None:
+                K, V = cache
+                write_cache(k, v, K, V, start, write)
+                k, v = K[:, :, : start + T], V[:, :, : start + T]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+            y = y.transpose(1, 2).reshape(x.shape)
+        x = x + a.out_proj(y)
         c = self.encoder_attn
         q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
-        y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
+        if fixed:
+            y = fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0)
+        else:
+            y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
         x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 

@@ -25,6 +25,24 @@ def test_transcribe_prints_one_transcript_per_file(librivox):
     assert "α̂=" in result.stderr and "target calls" in result.stderr
 
 
+@pytest.mark.slow  # loads tiny.en
+def test_without_timestamps_decodes_text_tokens_only(librivox, tiny_en_pair):
+    """`--without-timestamps` reaches the decoder: the json segments of a clip hold no
+    timestamp token, where the default decode of the same clip holds them."""
+    import json
+
+    ts_begin = tiny_en_pair.tokenizer.timestamp_begin
+    tokens = {}
+    for flag in ([], ["--without-timestamps"]):
+        args = ["transcribe", str(librivox[0].path), "--model", "tiny.en", "--draft", "self:2"]
+        result = CliRunner().invoke(main, [*args, "--format", "json", *flag])
+        assert result.exit_code == 0, result.output
+        segments = json.loads(result.stdout)["segments"]
+        tokens[bool(flag)] = [t for s in segments for t in s["tokens"]]
+    assert any(t >= ts_begin for t in tokens[False])
+    assert tokens[True] and all(t < ts_begin for t in tokens[True])
+
+
 @pytest.mark.slow  # loads base in int8 with the packaged draft
 def test_an_int8_target_transcribes_in_the_default_exact_mode_as_it_does_autoregressively(librivox):
     """`--compute-type int8` with the default mode (exact) runs speculation and prints the

@@ -243,7 +243,7 @@ def test_an_int8_base_scores_every_row_of_a_verify_pass_as_its_one_token_step():
 def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivox):
     """Real weights: base in int8 with the packaged draft. Exact mode gives the int8 target's
     autoregressive tokens on every LibriVox clip and on the long-form fixture, sequential and
-    chunked with VAD (ragged batched rows), with speculation running."""
+    chunked with VAD (ragged batched rows; with timestamps and without), with speculation running."""
     from specasr.models.loading import load_pair
     from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
     from specasr.research.longform import long_recording
@@ -256,10 +256,8 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivo
         ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
         assert ex.tokens == ar.tokens, clip.id
     rec = long_recording(librivox[0].path.parent)
-    for opts in (
-        TranscribeOptions(),
-        TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions()),
-    ):
+    chunked_vad = TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions())
+    for opts in (TranscribeOptions(), chunked_vad, chunked_vad.with_decode(timestamps=False)):
         runs = {}
         for mode in ("autoregressive", "exact"):
             segments, info = transcribe(rec.samples, pair, opts.with_decode(mode=mode), source_rate=16000)

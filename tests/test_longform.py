@@ -122,6 +122,30 @@ def test_chunked_wer_is_close_to_sequential(chunked_ar, sequential_ar, long_audi
         assert len(held) <= 1, (s.start, s.end, s.text, held)
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "chunked"])
+def test_without_timestamps_each_window_is_one_segment_and_speculation_stays_exact(
+    tiny_en_pair, long_audio, sequential_ar, strategy
+):
+    """`--without-timestamps`: text tokens only, one segment per window that spans it (the
+    chunked strategy's windows end in pauses), the same tokens in exact mode as
+    autoregressive, and the words of the timestamped decode."""
+    opts = _opts(strategy=strategy, batch_size=4).with_decode(timestamps=False)
+    ar, info = _run(tiny_en_pair, long_audio.samples, opts)
+    draft = with_self_draft(tiny_en_pair, 2)
+    spec, spec_info = _run(draft, long_audio.samples, opts.with_decode(mode="exact"))
+    assert [(s.start, s.end, s.tokens) for s in spec] == [(s.start, s.end, s.tokens) for s in ar]
+    assert spec_info.stats.proposed > 0
+    ts_begin = tiny_en_pair.tokenizer.timestamp_begin
+    assert all(t < ts_begin for s in ar for t in s.tokens)
+    _check_timeline(ar, info.duration)
+    assert len(ar) == len({s.window for s in ar}) == info.windows >= 3
+    for a, b in long_audio.clips:  # every clip is inside a segment
+        assert _covered(ar, (a + b) / 2), (a, b)
+    ref = [" ".join(long_audio.texts)]
+    stamped = wer(ref, [" ".join(s.text for s in sequential_ar[0])])
+    assert wer(ref, [" ".join(s.text for s in ar)]) <= stamped + 0.03
+
+
 def test_info_and_segment_fields(sequential_ar, long_audio, tiny_en_pair):
     segments, info = sequential_ar
     tb = tiny_en_pair.tokenizer.timestamp_begin

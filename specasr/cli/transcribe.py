@@ -167,6 +167,13 @@ def _output_stems(files: list[str]) -> list[str]:
     "(same path, size and modification time).",
 )
 @click.option(
+    "--without-timestamps",
+    is_flag=True,
+    help="Decode text tokens only: no timestamp tokens, so a window's text is one segment (with "
+    "--vad and the chunked strategy, one per packed window, as faster-whisper's batched "
+    "pipeline gives). Fewer tokens to decode; --word-timestamps still times every word.",
+)
+@click.option(
     "--word-timestamps",
     is_flag=True,
     help="Time every word (cross-attention alignment): json and tsv list the words with their "
@@ -215,6 +222,7 @@ def transcribe(
     seed,
     stats,
     skip_existing,
+    without_timestamps,
     word_timestamps,
     max_line_width,
     max_line_count,
@@ -246,6 +254,7 @@ def transcribe(
             seed=seed,
             gamma_max=max(DEFAULTS.gamma_max, gamma),
             timing=stats,  # --stats prints the phase times
+            timestamps=not without_timestamps,
         )
         options = replace(
             _TRANSCRIBE,

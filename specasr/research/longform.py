@@ -5,6 +5,8 @@
 
 With --vad, sequential and chunked decoding of only the speech Silero VAD finds are added (VAD
 time included); the issue-18 target is chunked + VAD + speculative against sequential autoregressive.
+Chunked + VAD also runs without timestamps (text tokens only, one segment per window), which is
+what faster-whisper's `BatchedInferencePipeline` decodes by default (`without_timestamps=True`).
 Each compute type in --compute-type adds its own rows (one model pair each; an int8 target's
 speculative rows are exact against its own autoregressive rows). --faster-whisper adds
 its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8.
@@ -148,8 +150,17 @@ def main(
             rows[("chunked", True, True)] = (
                 f"chunked B={batch_size} + VAD, speculative ({mode}, {draft}){tag}"
             )
+            # text tokens only, one segment per window: what faster-whisper's batched pipeline decodes
+            rows[("chunked", "no timestamps", False)] = (
+                f"chunked B={batch_size} + VAD, no timestamps, autoregressive{tag}"
+            )
+            rows[("chunked", "no timestamps", True)] = (
+                f"chunked B={batch_size} + VAD, no timestamps, speculative ({mode}, {draft}){tag}"
+            )
         for (strategy, with_v, speculative), name in rows.items():
             opts = replace(spec if speculative else ar, strategy=strategy)
+            if with_v == "no timestamps":
+                opts = opts.with_decode(timestamps=False)
             opts = replace(opts, batch_size=batch_size) if strategy == "chunked" else opts
             configs[name] = _ours(pair, replace(opts, vad=VadOptions()) if with_v else opts)
     if with_fw:  # the same weights: the preset's packaged CTranslate2 files, parts joined
@@ -179,7 +190,8 @@ def main(
     identical = []
     for ct in compute_types.split(","):
         tag = "" if ct == "float32" else f" [{ct}]"
-        for strategy in ("sequential", f"chunked B={batch_size}", f"chunked B={batch_size} + VAD"):
+        strategies = ("sequential", f"chunked B={batch_size}", f"chunked B={batch_size} + VAD")
+        for strategy in (*strategies, f"chunked B={batch_size} + VAD, no timestamps"):
             a, b = (f"{strategy}, autoregressive{tag}", f"{strategy}, speculative ({mode}, {draft}){tag}")
             if a in outputs and b in outputs:
                 same = "yes" if outputs[a][1] == outputs[b][1] else "NO"

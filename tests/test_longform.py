@@ -376,3 +376,50 @@ def test_drop_repeat_removes_what_the_lane_said_already():
     # two tokens are too few to call a repeat; a repeat that is not a suffix is kept
     assert drop_repeat([_seg([4, 5, 9])], said, tok.eot, tok)[0].tokens == [4, 5, 9]
     assert drop_repeat([_seg([2, 3, 4, 9])], said, tok.eot, tok)[0].tokens == [2, 3, 4, 9]
+
+
+def _corpus(root, librivox, n: int = 2):
+    """A corpus split like `specasr distill corpus` writes: n LibriVox clips as source librivox:en,
+    and one record of another source."""
+    import json
+    import shutil
+
+    (root / "lv").mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for i, clip in enumerate(librivox[: n + 1]):
+            shutil.copy(clip.path, root / "lv" / clip.path.name)
+            source = "librivox:en" if i < n else "other:en"
+            rec = {"id": f"lv-{i}", "path": f"lv/{clip.path.name}", "source": source, "language": "en"}
+            f.write(json.dumps({**rec, "texts": [clip.text]}) + "\n")
+    return root
+
+
+def test_a_corpus_recording_joins_one_sources_windows_with_silences(tmp_path, librivox):
+    import click
+
+    from specasr.research.longform import corpus_recording
+
+    rec, language = corpus_recording(_corpus(tmp_path, librivox), "librivox:en", 5, gap=1.0)
+    assert language == "en" and rec.texts == [c.text for c in librivox[:2]]
+    (a0, b0), (a1, b1) = rec.clips
+    assert a0 == 0 and a1 == pytest.approx(b0 + 1.0) and b1 + 1.0 == pytest.approx(len(rec.samples) / SR)
+    assert not np.any(rec.samples[int(b0 * SR) + 10 : int(a1 * SR) - 10])  # the gap is silence
+    with pytest.raises(click.BadParameter, match="no windows"):
+        corpus_recording(tmp_path, "fillets:nl", 5)
+
+
+@pytest.mark.slow  # four long-form decodes with tiny.en
+def test_the_long_form_benchmark_runs_on_a_held_out_corpus(tmp_path, librivox):
+    from click.testing import CliRunner
+
+    from specasr.research import longform as bench
+
+    args = ["--corpus", str(_corpus(tmp_path, librivox)), "--source", "librivox:en", "--repeats", "1"]
+    result = CliRunner().invoke(bench.main, [*args, "--batch-size", "2"])
+    assert result.exit_code == 0, result.output
+    assert "identical to autoregressive at T=0: sequential yes, chunked yes" in result.output
+    rows = [
+        r for r in result.output.splitlines() if r.startswith("| sequential") or r.startswith("| chunked")
+    ]
+    assert len(rows) == 4
+    assert all(float(r.split("|")[-2].strip().rstrip("%")) < 30 for r in rows)  # WER, tiny.en

@@ -1,7 +1,7 @@
 """Long-form real-time factor: autoregressive, speculative and chunked decoding side by side.
 
     python -m specasr.research.longform --model tiny.en --draft self:2 --repeats 3 [--faster-whisper] [--vad]
-        [--compute-type float32,int8]
+        [--compute-type float32,int8] [--corpus CORPUS/heldout --source asterisk:en --per-source 16]
 
 With --vad, sequential and chunked decoding of only the speech Silero VAD finds are added (VAD
 time included); the issue-18 target is chunked + VAD + speculative against sequential autoregressive.
@@ -12,8 +12,9 @@ speculative rows are exact against its own autoregressive rows). --faster-whispe
 its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8.
 
 Every configuration transcribes the same long recording (`long_recording`: the LibriVox
-test clips twice over, separated by silence), interleaved and repeated, so machine noise hits
-all alike. Wall time covers log-Mel, encoder and decoder; the table reports medians.
+test clips twice over, separated by silence; with --corpus, `corpus_recording`: held-out
+speech no draft trained on), interleaved and repeated, so machine noise hits all alike.
+Wall time covers log-Mel, encoder and decoder; the table reports medians.
 """
 
 from __future__ import annotations
@@ -62,6 +63,30 @@ def long_recording(data_dir: str | Path, repeats: int = 2) -> LongRecording:
     return LongRecording(np.concatenate(parts), clips, texts)
 
 
+def corpus_recording(
+    split: str | Path, source: str, count: int, gap: float = 1.0
+) -> tuple[LongRecording, str]:
+    """The first `count` windows of `source` in split/corpus.jsonl (a speech corpus of
+    `specasr distill corpus`, e.g. its held-out split) one after another, each followed by
+    `gap` s of silence, with their texts as references; and the source's language."""
+    from specasr.recipes.speech_corpus import read_manifest
+
+    records = [r for r in read_manifest(split) if r.get("source") == source][:count]
+    if not records:
+        raise click.BadParameter(f"no windows of {source!r} in {split}/corpus.jsonl", param_hint="'--source'")
+    parts, clips, texts, t = [], [], [], 0.0
+    silence = np.zeros(int(gap * SAMPLE_RATE), np.float32)
+    for r in records:
+        x, sr = sf.read(Path(split) / r["path"], dtype="float32")
+        if sr != SAMPLE_RATE or x.ndim != 1:
+            raise ValueError(f"{r['path']}: expected 16 kHz mono")
+        clips.append((t, t + len(x) / SAMPLE_RATE))
+        texts.append(" ".join(r["texts"]))
+        parts += [x, silence]
+        t += len(x) / SAMPLE_RATE + gap
+    return LongRecording(np.concatenate(parts), clips, texts), records[0]["language"]
+
+
 def _ours(pair, options: TranscribeOptions):
     from specasr.transcription import transcribe
 
@@ -73,7 +98,9 @@ def _ours(pair, options: TranscribeOptions):
     return run
 
 
-def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32", batch_size: int = 0):
+def _faster_whisper(
+    ct2_dir: Path, threads: int, compute_type: str = "float32", batch_size: int = 0, language: str = "en"
+):
     """faster-whisper greedy on the same weights: its sequential `transcribe`, or with
     batch_size > 0 its `BatchedInferencePipeline` (Silero VAD cuts, then batched windows:
     its fastest long-form path)."""
@@ -84,10 +111,10 @@ def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32", 
 
     def run(audio: np.ndarray):
         if batched is None:
-            segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language="en")
+            segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language=language)
         else:
             segments, _ = batched.transcribe(
-                audio, beam_size=1, best_of=1, language="en", batch_size=batch_size
+                audio, beam_size=1, best_of=1, language=language, batch_size=batch_size
             )
         return " ".join(s.text for s in segments), None, None
 
@@ -116,6 +143,15 @@ def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32", 
     help="Comma-separated target compute types; each adds its own rows (int8: `load_pair(compute_type=)`).",
 )
 @click.option(
+    "--corpus",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Instead of the LibriVox fixture: windows of a speech corpus split (corpus.jsonl) joined "
+    "with 1 s silences, e.g. the held-out split, which no draft trained on.",
+)
+@click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source to join.")
+@click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: windows to join.")
+@click.option(
     "--cut-search",
     type=float,
     default=TranscribeOptions.cut_search,
@@ -123,15 +159,30 @@ def _faster_whisper(ct2_dir: Path, threads: int, compute_type: str = "float32", 
     help="Chunked: seconds before each 30 s limit searched for the quietest cut.",
 )
 def main(
-    model, draft, mode, batch_size, repeats, data, with_fw, device, with_vad, compute_types, cut_search
+    model,
+    draft,
+    mode,
+    batch_size,
+    repeats,
+    data,
+    with_fw,
+    device,
+    with_vad,
+    compute_types,
+    corpus,
+    source,
+    per_source,
+    cut_search,
 ) -> None:
     import torch
 
     from specasr.models.loading import load_pair
 
-    rec = long_recording(data)
+    rec, language = (
+        (long_recording(data), "en") if corpus is None else corpus_recording(corpus, source, per_source)
+    )
     duration = len(rec.samples) / SAMPLE_RATE
-    base = TranscribeOptions(cut_search=cut_search)
+    base = TranscribeOptions(cut_search=cut_search).with_decode(language=language)
     ar = base.with_decode(mode="autoregressive")
     spec = base.with_decode(mode=mode)
     configs, pairs = {}, {}
@@ -171,11 +222,11 @@ def main(
         fw_dir = ct2_dir(Path(tempfile.mkdtemp(prefix="specasr-ct2-")), model)
         for ct in ("float32", "int8"):
             configs[f"faster-whisper (CTranslate2 {ct}, greedy)"] = _faster_whisper(
-                fw_dir, torch.get_num_threads(), ct
+                fw_dir, torch.get_num_threads(), ct, language=language
             )
-            configs[f"faster-whisper batched B={batch_size} + VAD (CTranslate2 {ct}, greedy)"] = (
-                _faster_whisper(fw_dir, torch.get_num_threads(), ct, batch_size)
-            )
+            configs[
+                f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 {ct}, greedy)"
+            ] = _faster_whisper(fw_dir, torch.get_num_threads(), ct, batch_size, language)
     times: dict[str, list[float]] = {name: [] for name in configs}
     outputs = {}
     for name, run in configs.items():  # warm-up, and the transcripts

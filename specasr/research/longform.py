@@ -152,6 +152,12 @@ def _faster_whisper(
 @click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source to join.")
 @click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: windows to join.")
 @click.option(
+    "--only",
+    default=None,
+    help="Comma-separated parts of configuration names: run only the rows whose name holds "
+    "one (and faster-whisper's), e.g. 'no timestamps' for a longer head-to-head.",
+)
+@click.option(
     "--cut-search",
     type=float,
     default=TranscribeOptions.cut_search,
@@ -172,6 +178,7 @@ def main(
     corpus,
     source,
     per_source,
+    only,
     cut_search,
 ) -> None:
     import torch
@@ -227,6 +234,13 @@ def main(
             configs[
                 f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 {ct}, greedy)"
             ] = _faster_whisper(fw_dir, torch.get_num_threads(), ct, batch_size, language)
+    if only:
+        parts = [p.strip() for p in only.split(",") if p.strip()]
+        configs = {
+            n: r for n, r in configs.items() if n.startswith("faster-whisper") or any(p in n for p in parts)
+        }
+        if not configs:
+            raise click.BadParameter(f"{only!r} matches no configuration", param_hint="'--only'")
     times: dict[str, list[float]] = {name: [] for name in configs}
     outputs = {}
     for name, run in configs.items():  # warm-up, and the transcripts
@@ -238,6 +252,9 @@ def main(
             times[name].append(time.perf_counter() - t0)
     names = list(configs)
     ref = statistics.median(times[names[0]])
+    # machine speed drifts within a run: each repeat's fw int8 batched time over this row's, then the median
+    fw = f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 int8, greedy)"
+    paired = {n: statistics.median(f / t for f, t in zip(times[fw], times[n])) for n in names if fw in times}
     identical = []
     for ct in compute_types.split(","):
         tag = "" if ct == "float32" else f" [{ct}]"
@@ -252,15 +269,19 @@ def main(
         f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "
         f"autoregressive at T=0: {', '.join(identical)}\n"
     )
-    click.echo("| configuration | wall s (median) | real-time factor | speed vs sequential AR | α̂ | WER |")
-    click.echo("|---|---|---|---|---|---|")
+    vs_fw = " speed vs fw int8 batched (paired) |" if paired else ""
+    click.echo(
+        f"| configuration | wall s (median) | real-time factor | speed vs {names[0]} | α̂ | WER |{vs_fw}"
+    )
+    click.echo("|---|---|---|---|---|---|" + ("---|" if paired else ""))
     for name in names:
         med = statistics.median(times[name])
         text, _, stats = outputs[name]
         alpha = f"{stats.acceptance_rate:.3f}" if stats is not None and stats.proposed else "–"
         score = wer([" ".join(rec.texts)], [text])
+        extra = f" {paired[name]:.2f}× |" if paired else ""
         click.echo(
-            f"| {name} | {med:.2f} | {med / duration:.3f} | {ref / med:.2f}× | {alpha} | {score:.1%} |"
+            f"| {name} | {med:.2f} | {med / duration:.3f} | {ref / med:.2f}× | {alpha} | {score:.1%} |{extra}"
         )
 
 

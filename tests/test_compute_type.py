@@ -118,15 +118,13 @@ def test_the_compute_type_is_resolved_and_int8_needs_a_cpu_in_fp32():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_compute_type("float32", cpu, torch.float32) == "float32"
     assert resolve_compute_type("int8", cpu, torch.float32) == "int8"
-    assert resolve_compute_type("int8_all", cpu, torch.float32) == "int8_all"
     assert resolve_compute_type("auto", cpu, torch.float32, speculative=True) == "float32"
     simd = torch.backends.cpu.get_cpu_capability().startswith("AVX")
     assert resolve_compute_type("auto", cpu, torch.float32) == ("int8" if simd else "float32")
     assert resolve_compute_type("auto", cuda, torch.float16) == "float32"
     for device, dtype in ((cpu, torch.bfloat16), (cuda, torch.float16)):
-        for ct in ("int8", "int8_all"):
-            with pytest.raises(ValueError, match=f"{ct} runs on a CPU in fp32"):
-                resolve_compute_type(ct, device, dtype)
+        with pytest.raises(ValueError, match="int8 runs on a CPU in fp32"):
+            resolve_compute_type("int8", device, dtype)
     with pytest.raises(ValueError, match="expected one of"):
         resolve_compute_type("int4", cpu, torch.float32)
 
@@ -287,67 +285,3 @@ def test_base_in_int8_transcribes_the_clips_as_fp32_does(librivox):
     refs = [c.text for c in librivox]
     assert wer(refs, texts["int8"]) <= wer(refs, texts["float32"]) + 0.01
     assert sum(a == b for a, b in zip(texts["int8"], texts["float32"])) >= len(librivox) - 1
-
-
-@pytest.mark.slow
-def test_an_int8_encoder_is_close_to_fp32_smoothing_helps_and_windows_stay_independent(
-    base_pair, librivox_mels
-):
-    """`int8_all`'s encoder (`quantize_encoder`): on a LibriVox clip its states are within a
-    few percent of fp32's, closer than per-row int8 products without the norms' smoothing; a
-    window's states are bitwise the same alone and batched with another; the loaded norms are
-    not written."""
-    import copy
-
-    from specasr.cpu.linear import Int8Linear
-    from specasr.models.whisper import quantize_encoder
-
-    fp32 = base_pair.target.model.encoder
-    norm_before = fp32.layers[0].final_layer_norm.weight.detach().clone()
-    smoothed = quantize_encoder(copy.deepcopy(fp32))
-    assert torch.equal(fp32.layers[0].final_layer_norm.weight, norm_before)
-    plain = copy.deepcopy(fp32)
-    for layer in plain.layers:
-        a = layer.self_attn
-        for box, name in (
-            (a, "q_proj"),
-            (a, "k_proj"),
-            (a, "v_proj"),
-            (a, "out_proj"),
-            (layer, "fc1"),
-            (layer, "fc2"),
-        ):
-            setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
-    mels = list(librivox_mels.values())
-    mel = mels[0]  # [1, 80, 3000]
-    with torch.inference_mode():
-        want = fp32(mel)
-        errors = {}
-        for name, enc in (("smoothed", smoothed), ("plain", plain)):
-            errors[name] = ((enc(mel) - want).norm() / want.norm()).item()
-        both = smoothed(torch.cat([mel, mels[1]]))
-        assert torch.equal(both[:1], smoothed(mel))
-    assert errors["smoothed"] < 0.1 and errors["smoothed"] < errors["plain"], errors
-
-
-@pytest.mark.slow
-def test_an_int8_all_target_transcribes_the_clips_as_fp32_does_and_speculates_exactly(librivox):
-    """Real weights: base with int8 encoder and decoder (`int8_all`) and the packaged draft.
-    Its transcripts of the LibriVox clips stay within a point of fp32's WER, and exact mode
-    gives its autoregressive tokens."""
-    from specasr.eval.metric import wer
-    from specasr.models.loading import load_pair
-    from specasr.options import DecodeOptions
-    from specasr.transcription import transcribe_clip
-
-    pair = load_pair("base", "default", compute_type="int8_all")
-    assert pair.compute_type == "int8_all"
-    texts, fp32 = [], load_pair("base", None)
-    for clip in librivox:
-        ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
-        ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
-        assert ex.tokens == ar.tokens and ex.stats.proposed > 0, clip.id
-        texts.append(ar.text)
-    ref_texts = [transcribe_clip(fp32, c.path, DecodeOptions(mode="autoregressive")).text for c in librivox]
-    refs = [c.text for c in librivox]
-    assert wer(refs, texts) <= wer(refs, ref_texts) + 0.01

@@ -130,7 +130,7 @@ def check_compute_type(compute_type: str, modes) -> None:
     target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The check
     imports torch, so it runs as the process's start-up (`start_up`)."""
     modes = [modes] if isinstance(modes, str) else list(modes)
-    if compute_type.startswith("int8") and (spec := [m for m in modes if m != "autoregressive"]):
+    if compute_type == "int8" and (spec := [m for m in modes if m != "autoregressive"]):
         with start_up():
             from specasr.cpu.invariant import fixed_rows
 
@@ -310,12 +310,12 @@ model_options = _stack(
     ),
     click.option(
         "--compute-type",
-        type=click.Choice(["auto", "float32", "int8", "int8_all"]),
+        type=click.Choice(["auto", "float32", "int8"]),
         default="float32",
         show_default=True,
-        help="The target's products. int8 (CPU): the decoder's in int8, faster, a lossy model of "
-        "its own; speculative modes give its own greedy tokens; int8_all: the encoder's too; "
-        "auto: int8 for --mode autoregressive on AVX2/AVX-512 CPUs with fbgemm, else float32.",
+        help="The target decoder's products. int8 (CPU): faster, a lossy model of its own; "
+        "speculative modes give its own greedy tokens; auto: int8 for --mode autoregressive on "
+        "AVX2/AVX-512 CPUs with fbgemm, else float32.",
     ),
 )
 

@@ -77,7 +77,7 @@ class ModelPair:
     begin_suppress_tokens: tuple[int, ...]
     target_name: str
     draft_name: str | None
-    compute_type: str = "float32"  # the target's products: "float32", "int8" or "int8_all" (`load_pair`)
+    compute_type: str = "float32"  # the target's decoder products: "float32" or "int8" (`load_pair`)
 
     @property
     def vocab_size(self) -> int:
@@ -265,10 +265,9 @@ def load_pair(
     draft_int8: run a distilled draft's products in int8 (`DistilledDraft.quantize_int8`);
     None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
     can move the acceptance rate, never the transcript.
-    compute_type: the target's products (`resolve_compute_type`): "float32", "int8" (the
-    decoder's, CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target
-    of its own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`), "int8_all"
-    (the encoder's products too: `quantize_encoder`) or "auto".
+    compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
+    (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
+    own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
     more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
@@ -279,7 +278,7 @@ def load_pair(
     if draft in (None, "none"):
         draft = None
     compute_type = resolve_compute_type(compute_type, dev, dtype, speculative=draft is not None)
-    t_model, tok = _load_spec(target, dtype, dev, pack=not is_int8(compute_type))
+    t_model, tok = _load_spec(target, dtype, dev, pack=compute_type != "int8")
     d_model = None
     draft_file = draft_path(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
@@ -302,11 +301,11 @@ def load_pair(
     )
     if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
-    if is_int8(compute_type):  # after the draft took what it shares (embeddings, head rows)
-        quantize_target(t_model, encoder=compute_type == "int8_all")
+    if compute_type == "int8":  # after the draft took what it shares (embeddings, head rows)
+        quantize_target(t_model)
     if half_weights is None:
         half_weights = os.environ.get("SPECASR_HALF_WEIGHTS") == "1"
-    if half_weights and not is_int8(compute_type) and dev.type == "cpu" and dtype == torch.float32:
+    if half_weights and compute_type != "int8" and dev.type == "cpu" and dtype == torch.float32:
         use_half_weights(t_model)  # before the lean view below takes its product forms
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
@@ -328,19 +327,14 @@ def load_pair(
     )
 
 
-COMPUTE_TYPES = ("auto", "float32", "int8", "int8_all")
-
-
-def is_int8(compute_type: str) -> bool:
-    """An int8 target: "int8" (the decoder's products) or "int8_all" (the encoder's too)."""
-    return compute_type in ("int8", "int8_all")
+COMPUTE_TYPES = ("auto", "float32", "int8")
 
 
 def resolve_compute_type(
     compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
 ) -> str:
-    """The target's compute type, "float32", "int8" or "int8_all", for a requested one. The
-    int8 types need a CPU, fp32 and fbgemm (x86 builds); asked for elsewhere, a ValueError.
+    """The target decoder's compute type, "float32" or "int8", for a requested one. "int8"
+    needs a CPU, fp32 and fbgemm (x86 builds); asked for elsewhere it is a ValueError.
     "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
     (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
     reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:
@@ -354,9 +348,9 @@ def resolve_compute_type(
     if compute_type == "auto":
         simd = torch.backends.cpu.get_cpu_capability().startswith("AVX")
         return "int8" if cpu32 and simd and not speculative and int8_available() else "float32"
-    if is_int8(compute_type) and not (cpu32 and int8_available()):
+    if compute_type == "int8" and not (cpu32 and int8_available()):
         raise ValueError(
-            f"compute type {compute_type} runs on a CPU in fp32 with fbgemm (x86 PyTorch builds); "
+            "compute type int8 runs on a CPU in fp32 with fbgemm (x86 PyTorch builds); "
             f"here: device {device.type}, dtype {str(dtype).removeprefix('torch.')}, "
             f"fbgemm {'yes' if int8_available() else 'no'}"
         )

@@ -501,59 +501,15 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     return model
 
 
-SMOOTH_REACH = 8.0  # a LayerNorm output channel reaches about this many gains past its bias
-
-
-def _smoothed_int8(norm: nn.LayerNorm, owners: list[tuple[nn.Module, str]]) -> None:
-    """Replaces the products that read `norm`'s output (owner.name, nn.Linear-like) by per-row
-    `Int8Linear`s, after moving each input channel's range from the activations into the
-    weights (SmoothQuant, α = 0.5, data-free): with s_j = sqrt(r_j / w_j), where r_j = 8|g_j| +
-    |b_j| bounds channel j of the norm's output (gain g, bias b) and w_j is the products'
-    largest |weight| in column j, the norm's gain and bias become g/s and b/s and each product's
-    columns W·s, the same products in exact arithmetic. A row quantised on its own grid then
-    loses fewer bits to the few channels Whisper's norms make large (the encoder's int8
-    products lost speech without it: docs/benchmarks.md). `norm` gets new parameters; the
-    loaded tensors (possibly memory-mapped) are not written."""
-    from specasr.cpu.linear import Int8Linear
-
-    linears = [getattr(box, name) for box, name in owners]
-    weights = [lin.weight.detach().float() for lin in linears]  # [out, d] each
-    reach = norm.weight.detach().float().abs() * SMOOTH_REACH + norm.bias.detach().float().abs()  # [d]
-    widest = torch.stack([w.abs().amax(0) for w in weights]).amax(0)  # [d]
-    s = (reach.clamp_min(1e-5) / widest.clamp_min(1e-5)).sqrt()  # [d]
-    norm.weight = nn.Parameter(norm.weight.detach().float() / s, requires_grad=False)
-    norm.bias = nn.Parameter(norm.bias.detach().float() / s, requires_grad=False)
-    for (box, name), lin, w in zip(owners, linears, weights):
-        bias = None if lin.bias is None else lin.bias.detach().float()
-        setattr(box, name, Int8Linear(w * s, bias, per_row=True))
-
-
-def quantize_encoder(encoder: WhisperEncoder) -> WhisperEncoder:
-    """The encoder layers' six products as per-row int8 (`Int8Linear`), in place, each
-    LayerNorm's channel ranges first moved into the products that read it (`_smoothed_int8`);
-    out_proj and fc2 read attention and GELU outputs, quantised as they are. The convolutions,
-    norms, attention and GELU stay fp32. Lossy; rows are quantised on their own, so a window's
-    states do not depend on the windows batched with it."""
-    from specasr.cpu.linear import Int8Linear
-
-    for layer in encoder.layers:
-        a = layer.self_attn
-        _smoothed_int8(layer.self_attn_layer_norm, [(a, "q_proj"), (a, "k_proj"), (a, "v_proj")])
-        _smoothed_int8(layer.final_layer_norm, [(layer, "fc1")])
-        a.out_proj = Int8Linear.per_row_of(a.out_proj)
-        layer.fc2 = Int8Linear.per_row_of(layer.fc2)
-    return encoder
-
-
-def quantize_target(model: Whisper, encoder: bool = False) -> Whisper:
+def quantize_target(model: Whisper) -> Whisper:
     """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
     (but cross-attention K/V) and the tied output head become per-row
     `specasr.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
     Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
-    The cross K/V projections stay fp32 (once per window) and the token embedding stays fp32
-    (memory-mapped) for lookups. encoder (`compute_type="int8_all"`): the encoder's products
-    too (`quantize_encoder`); else it stays as loaded."""
+    The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
+    (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
+    1.23× faster per window but cost speech on the long-form fixture (docs/benchmarks.md)."""
     from specasr.cpu.invariant import fixed_rows
     from specasr.cpu.linear import Int8Head, Int8Linear
     from specasr.models.layers import fuse_qkv
@@ -570,6 +526,4 @@ def quantize_target(model: Whisper, encoder: bool = False) -> Whisper:
             for name in names:
                 setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
     model.use_head_form(Int8Head(model.model.decoder.embed_tokens.weight))
-    if encoder:
-        quantize_encoder(model.model.encoder)
     return model

@@ -114,3 +114,19 @@ def one_clip_data(tmp_path) -> Path:
     shutil.copy(f"tests/data/{line.split()[0]}.wav", data)
     (data / "transcripts.txt").write_text(line)
     return data
+
+
+def write_corpus(root: Path, rows) -> Path:
+    """A corpus split like `specasr distill corpus` writes, at root: each (wav path, source,
+    text or None) row copied under root/audio and listed in root/corpus.jsonl, language "en"."""
+    import json
+    import shutil
+
+    (root / "audio").mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for i, (wav, source, text) in enumerate(rows):
+            wav = Path(wav)
+            shutil.copy(wav, root / "audio" / wav.name)
+            rec = {"id": f"w-{i}", "path": f"audio/{wav.name}", "source": source, "language": "en"}
+            f.write(json.dumps(rec | ({"texts": [text]} if text is not None else {})) + "\n")
+    return root

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import with_self_draft
+from conftest import with_self_draft, write_corpus
 
 from specasr.decode.stats import DecodeStats
 from specasr.eval.metric import wer
@@ -379,19 +379,9 @@ def test_drop_repeat_removes_what_the_lane_said_already():
 
 
 def _corpus(root, librivox, n: int = 2):
-    """A corpus split like `specasr distill corpus` writes: n LibriVox clips as source librivox:en,
-    and one record of another source."""
-    import json
-    import shutil
-
-    (root / "lv").mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, clip in enumerate(librivox[: n + 1]):
-            shutil.copy(clip.path, root / "lv" / clip.path.name)
-            source = "librivox:en" if i < n else "other:en"
-            rec = {"id": f"lv-{i}", "path": f"lv/{clip.path.name}", "source": source, "language": "en"}
-            f.write(json.dumps({**rec, "texts": [clip.text]}) + "\n")
-    return root
+    """n LibriVox clips as source librivox:en, and one record of another source."""
+    rows = [(c.path, "librivox:en" if i < n else "other:en", c.text) for i, c in enumerate(librivox[: n + 1])]
+    return write_corpus(root, rows)
 
 
 def test_a_corpus_recording_joins_one_sources_windows_with_silences(tmp_path, librivox):

@@ -3,25 +3,17 @@ corpus manifest like `specasr distill corpus` writes (here: the LibriVox clips a
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import write_corpus
 
 from specasr.research import prompt_tail
 
 
 def _corpus(root: Path) -> Path:
     clips = sorted(Path("tests/data").glob("sense*.wav"))[:3]
-    (root / "librivox").mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, clip in enumerate(clips):
-            shutil.copy(clip, root / "librivox" / clip.name)
-            rec = {"id": f"lv-{i}", "path": f"librivox/{clip.name}", "source": "librivox:en"}
-            rec["language"] = "en"
-            f.write(json.dumps(rec) + "\n")
-    return root
+    return write_corpus(root, [(clip, "librivox:en", None) for clip in clips])
 
 
 def test_parse_keeps():

@@ -68,23 +68,22 @@ def corpus_recording(
 ) -> tuple[LongRecording, str]:
     """The first `count` windows of `source` in split/corpus.jsonl (a speech corpus of
     `specasr distill corpus`, e.g. its held-out split) one after another, each followed by
-    `gap` s of silence, with their texts as references; and the source's language."""
+    `gap` s of silence (`prompt_tail.join_windows`), with their texts as references; and the
+    source's language."""
     from specasr.recipes.speech_corpus import read_manifest
+    from specasr.research.prompt_tail import join_windows
 
     records = [r for r in read_manifest(split) if r.get("source") == source][:count]
     if not records:
         raise click.BadParameter(f"no windows of {source!r} in {split}/corpus.jsonl", param_hint="'--source'")
-    parts, clips, texts, t = [], [], [], 0.0
-    silence = np.zeros(int(gap * SAMPLE_RATE), np.float32)
-    for r in records:
-        x, sr = sf.read(Path(split) / r["path"], dtype="float32")
-        if sr != SAMPLE_RATE or x.ndim != 1:
-            raise ValueError(f"{r['path']}: expected 16 kHz mono")
-        clips.append((t, t + len(x) / SAMPLE_RATE))
-        texts.append(" ".join(r["texts"]))
-        parts += [x, silence]
-        t += len(x) / SAMPLE_RATE + gap
-    return LongRecording(np.concatenate(parts), clips, texts), records[0]["language"]
+    files = [Path(split) / r["path"] for r in records]
+    clips, t = [], 0.0
+    for f in files:
+        seconds = sf.info(f).duration
+        clips.append((t, t + seconds))
+        t += seconds + gap
+    texts = [" ".join(r["texts"]) for r in records]
+    return LongRecording(join_windows(files, gap), clips, texts), records[0]["language"]
 
 
 def _ours(pair, options: TranscribeOptions):
@@ -192,35 +191,36 @@ def main(
     base = TranscribeOptions(cut_search=cut_search).with_decode(language=language)
     ar = base.with_decode(mode="autoregressive")
     spec = base.with_decode(mode=mode)
-    configs, pairs = {}, {}
-    for ct in compute_types.split(","):
-        pair = pairs[ct] = load_pair(model, draft, device=device, compute_type=ct)
-        tag = "" if ct == "float32" else f" [{ct}]"
-        rows = {  # (strategy, VAD, speculative) -> name
-            ("sequential", False, False): f"sequential, autoregressive{tag}",
-            ("sequential", False, True): f"sequential, speculative ({mode}, {draft}){tag}",
-            ("chunked", False, False): f"chunked B={batch_size}, autoregressive{tag}",
-            ("chunked", False, True): f"chunked B={batch_size}, speculative ({mode}, {draft}){tag}",
-        }
-        if with_vad:
-            rows[("sequential", True, False)] = f"sequential + VAD, autoregressive{tag}"
-            rows[("chunked", True, False)] = f"chunked B={batch_size} + VAD, autoregressive{tag}"
-            rows[("chunked", True, True)] = (
-                f"chunked B={batch_size} + VAD, speculative ({mode}, {draft}){tag}"
-            )
+    chunked = f"chunked B={batch_size}"
+    variants = [  # (strategy, row label, VAD, timestamps, a speculative row too)
+        ("sequential", "sequential", False, True, True),
+        ("chunked", chunked, False, True, True),
+    ]
+    if with_vad:
+        variants += [
+            ("sequential", "sequential + VAD", True, True, False),
+            ("chunked", f"{chunked} + VAD", True, True, True),
             # text tokens only, one segment per window: what faster-whisper's batched pipeline decodes
-            rows[("chunked", "no timestamps", False)] = (
-                f"chunked B={batch_size} + VAD, no timestamps, autoregressive{tag}"
-            )
-            rows[("chunked", "no timestamps", True)] = (
-                f"chunked B={batch_size} + VAD, no timestamps, speculative ({mode}, {draft}){tag}"
-            )
-        for (strategy, with_v, speculative), name in rows.items():
-            opts = replace(spec if speculative else ar, strategy=strategy)
-            if with_v == "no timestamps":
-                opts = opts.with_decode(timestamps=False)
-            opts = replace(opts, batch_size=batch_size) if strategy == "chunked" else opts
-            configs[name] = _ours(pair, replace(opts, vad=VadOptions()) if with_v else opts)
+            ("chunked", f"{chunked} + VAD, no timestamps", True, False, True),
+        ]
+    configs = {}
+    pairs: list[tuple[str, str, str]] = []  # (label, autoregressive row, speculative row)
+    for ct in compute_types.split(","):
+        pair = load_pair(model, draft, device=device, compute_type=ct)
+        tag = "" if ct == "float32" else f" [{ct}]"
+        for strategy, label, vad, timestamps, speculates in variants:
+            names = [f"{label}, autoregressive{tag}"]
+            if speculates:
+                names.append(f"{label}, speculative ({mode}, {draft}){tag}")
+                pairs.append((f"{label.replace(f' B={batch_size}', '')}{tag}", *names))
+            for name, options in zip(names, (ar, spec)):
+                options = replace(options, strategy=strategy, vad=VadOptions() if vad else None)
+                options = replace(options, batch_size=batch_size) if strategy == "chunked" else options
+                configs[name] = _ours(pair, options.with_decode(timestamps=timestamps))
+
+    def fw_batched(ct: str) -> str:
+        return f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 {ct}, greedy)"
+
     if with_fw:  # the same weights: the preset's packaged CTranslate2 files, parts joined
         import tempfile
 
@@ -231,9 +231,9 @@ def main(
             configs[f"faster-whisper (CTranslate2 {ct}, greedy)"] = _faster_whisper(
                 fw_dir, torch.get_num_threads(), ct, language=language
             )
-            configs[
-                f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 {ct}, greedy)"
-            ] = _faster_whisper(fw_dir, torch.get_num_threads(), ct, batch_size, language)
+            configs[fw_batched(ct)] = _faster_whisper(
+                fw_dir, torch.get_num_threads(), ct, batch_size, language
+            )
     if only:
         parts = [p.strip() for p in only.split(",") if p.strip()]
         configs = {
@@ -253,17 +253,13 @@ def main(
     names = list(configs)
     ref = statistics.median(times[names[0]])
     # machine speed drifts within a run: each repeat's fw int8 batched time over this row's, then the median
-    fw = f"faster-whisper batched B={batch_size} + VAD, no timestamps (CTranslate2 int8, greedy)"
-    paired = {n: statistics.median(f / t for f, t in zip(times[fw], times[n])) for n in names if fw in times}
-    identical = []
-    for ct in compute_types.split(","):
-        tag = "" if ct == "float32" else f" [{ct}]"
-        strategies = ("sequential", f"chunked B={batch_size}", f"chunked B={batch_size} + VAD")
-        for strategy in (*strategies, f"chunked B={batch_size} + VAD, no timestamps"):
-            a, b = (f"{strategy}, autoregressive{tag}", f"{strategy}, speculative ({mode}, {draft}){tag}")
-            if a in outputs and b in outputs:
-                same = "yes" if outputs[a][1] == outputs[b][1] else "NO"
-                identical.append(f"{strategy.replace(f' B={batch_size}', '')}{tag} {same}")
+    fw = times.get(fw_batched("int8"))
+    paired = {n: statistics.median(f / t for f, t in zip(fw, times[n])) for n in names} if fw else {}
+    identical = [
+        f"{label} {'yes' if outputs[a][1] == outputs[b][1] else 'NO'}"
+        for label, a, b in pairs
+        if a in outputs and b in outputs
+    ]
     click.echo(
         f"{model} (draft {draft}) on {duration:.1f} s of audio, device {device}, "
         f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "

@@ -21,6 +21,7 @@ from functools import partial
 
 from specasr.audio import AudioSource, load_audio
 from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
+from specasr.cpu import heap
 from specasr.decode.loop import decode
 from specasr.decode.task import detect_language
 from specasr.features import log_mel, log_mel_window
@@ -92,7 +93,17 @@ def transcribe(
         segments = trim_trailing_silence(segments, mel)
     if speech is not None:  # times on the joined speech -> times on the recording
         segments = speech.restore(segments)
-    return segments, info
+    return _in_workspace(segments), info
+
+
+def _in_workspace(segments: Iterator[Segment]) -> Iterator[Segment]:
+    """The segments, with every window decoded inside one `heap.workspace` (a no-op unless
+    the CLI set the lean policy): the encoder's and the decoding loop's large temporaries
+    (activations, a pass's logits, cross K/V) are served from the heap and reused from window
+    to window instead of mapped and faulted in afresh, and the heap is trimmed once, when the
+    iterator is exhausted or closed (docs/benchmarks.md, "Start-up and whole process")."""
+    with heap.workspace():
+        yield from segments
 
 
 def transcribe_clip(pair, audio, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:

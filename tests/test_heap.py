@@ -135,3 +135,42 @@ def test_collector_paused_restores_and_freezes_only_when_asked(collector, freeze
     assert seen["inside"] is False and seen["nested"] is False and seen["decorated"] is False
     assert seen["after_nested"] == [False, 0]
     assert {k: seen[k] for k in expect} == expect
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "chunked", "clip"])
+def test_a_transcription_decodes_every_window_in_one_workspace(
+    strategy, calls, monkeypatch, tiny_en_pair, librivox
+):
+    """Under the lean policy, every window's encoder pass and decoding loop of one
+    transcription (a clip: its one decode) run inside one workspace: their large
+    temporaries (activations, a pass's logits, cross K/V) are heap-served and reused instead
+    of mapped and faulted in afresh at every step, and the heap is trimmed once, at the end."""
+    from specasr.decode import loop
+    from specasr.options import DecodeOptions, TranscribeOptions
+    from specasr.research.longform import long_recording
+    from specasr.transcription import transcribe, transcribe_clip
+
+    heap.lean_heap()
+    calls.clear()
+    depths = []
+    run = loop.DecodeLoop.run
+
+    def recorded(self, *args):
+        depths.append(heap._depth)
+        return run(self, *args)
+
+    monkeypatch.setattr(loop.DecodeLoop, "run", recorded)
+    options = DecodeOptions(mode="autoregressive", language="en")
+    if strategy == "clip":
+        transcribe_clip(tiny_en_pair, librivox[0].path, options)
+    else:  # 75 s: three or more windows, in batches of one
+        rec = long_recording(librivox[0].path.parent)
+        opts = TranscribeOptions(strategy=strategy, batch_size=1, decode=options)
+        segments, _ = transcribe(rec.samples, tiny_en_pair, opts, source_rate=16000)
+        assert heap._depth == 0  # nothing is decoded, and no scope opened, before iterating
+        list(segments)
+        assert len(depths) >= 3
+    assert all(d >= 1 for d in depths)  # every decode ran inside a scope
+    switches = [c for c in calls if c[0] == "set" and c[1] == heap.WORKSPACE_MMAP]
+    assert len(switches) == 1  # one scope: the encoder's own scopes nest in it
+    assert calls[-1] == ("trim",) and heap._depth == 0

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
+from specasr.cpu import heap
 from specasr.decode.gamma import make_policy
 from specasr.decode.runners import make_runner, prompt_tail
 from specasr.decode.stats import Clock, DecodeStats, timed
@@ -110,9 +111,10 @@ def decode(
 ) -> list[DecodeResult]:
     """mel: Tensor, shape = (B, n_mels, 3000) -> one DecodeResult per row."""
     stats = DecodeStats()
-    with timed(stats, "encoder_s", pair.device):
-        target_states, draft_states = pair.encode(mel)
-    return decode_states(pair, target_states, draft_states, options, prompt, stats, hooks)
+    with heap.workspace():  # the encoder's and the loop's temporaries stay in the heap until done
+        with timed(stats, "encoder_s", pair.device):
+            target_states, draft_states = pair.encode(mel)
+        return decode_states(pair, target_states, draft_states, options, prompt, stats, hooks)
 
 
 INT8_SPECULATIVE = (

@@ -91,6 +91,30 @@ def test_encoder_states_of_base_match_transformers():
     assert rel < 1e-4, float(rel)
 
 
+def test_the_encoder_in_place_is_bitwise_the_autograd_encoder_and_leaves_its_input():
+    """Without autograd the encoder scales, activates and sums its own fresh tensors in place;
+    with autograd it must not (backward needs them). Both give the same bits, and neither
+    touches the caller's mel or a layer's input."""
+    encoder = random_tiny_pair(seed=3).target.encoder
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(4))
+    kept = mel.clone()
+    with torch.inference_mode():
+        fast = encoder(mel)
+        x = torch.randn(2, 1500, encoder.layers[0].fc2.out_features)
+        x_kept = x.clone()
+        encoder.layers[0](x)
+    assert torch.equal(mel, kept) and torch.equal(x, x_kept)
+    encoder.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            slow = encoder(mel)
+            slow.square().sum().backward()  # no tensor that backward needs was overwritten
+        assert encoder.layers[0].fc1.weight.grad is not None
+    finally:
+        encoder.requires_grad_(False).zero_grad(set_to_none=True)
+    assert torch.equal(fast, slow.detach())
+
+
 @pytest.mark.slow  # real weights
 def test_transposed_cache_holds_the_same_weights():
     directory = cached_conversion(offline_files("tiny.en"))

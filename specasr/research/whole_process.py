@@ -1,6 +1,6 @@
 """Whole-process speed and memory: `specasr transcribe` against faster-whisper, side by side.
 
-    python -m specasr.research.whole_process --repeats 5 [--long] [--threads N]
+    python -m specasr.research.whole_process --repeats 5 [--long [--batched]] [--threads N]
 
 Each command runs as a fresh process, as a user runs it (specasr's bytecode compiled first,
 as an install from a wheel has it: `compile_bytecode`), in interleaved rounds so machine
@@ -14,7 +14,10 @@ Rows:
 - `import + load_pair("base")`: `python -c` that imports specasr and loads the pair;
 - `specasr transcribe CLIP --mode exact|autoregressive [--compute-type int8]`: the CLI, models
   loaded every run;
-- `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores).
+- `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores);
+- with `--long --batched`, on the long-form fixture: each system's batched, text-only path
+  (VAD, batches of 8 windows, no timestamps): specasr exact fp32 and int8, faster-whisper's
+  `BatchedInferencePipeline` fp32 and int8.
 
 faster-whisper is optional (`pip install "specasr[bench]"`); without it those rows are skipped.
 Run it on a quiet machine: a second busy process makes CTranslate2's threads spin.
@@ -48,6 +51,25 @@ print(" ".join(s.text.strip() for s in segments))
 T["main end"] = time.perf_counter()
 print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
 """
+
+# faster-whisper's `BatchedInferencePipeline`: Silero VAD cuts, batches of 8 windows, text
+# tokens only (its default, `without_timestamps=True`): its fastest long-form path
+FW_BATCHED_SCRIPT = """
+import json, sys, time
+T = {"start": time.perf_counter()}
+from faster_whisper import BatchedInferencePipeline, WhisperModel
+T["import"] = time.perf_counter()
+model_dir, compute_type, threads, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+model = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
+T["load"] = time.perf_counter()
+batched = BatchedInferencePipeline(model)
+segments, _ = batched.transcribe(path, beam_size=1, best_of=1, language="en", batch_size=8)
+print(" ".join(s.text.strip() for s in segments))
+T["main end"] = time.perf_counter()
+print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
+"""
+# specasr's like: VAD, chunked windows in batches of 8, text tokens only
+BATCHED = ["--vad", "--strategy", "chunked", "--batch-size", "8", "--without-timestamps"]
 
 # os._exit: the interpreter's teardown (about 0.3 s) is not part of import + load
 LOAD_SCRIPT = "import os, specasr; specasr.load_pair('base'); os._exit(0)"
@@ -109,7 +131,9 @@ def compile_bytecode() -> None:
     compileall.compile_dir(str(Path(specasr.__file__).parent), quiet=1)
 
 
-def rows_for(clip: str, fw_dir: Path | None, threads: int) -> list[Row]:
+def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False) -> list[Row]:
+    """The commands timed on one clip; batched: also each system's batched, text-only
+    long-form path (VAD, batches of 8 windows, no timestamps), exact fp32 and int8 for specasr."""
     cli = [sys.executable, "-m", "specasr", "transcribe", clip]
     rows = [
         Row("specasr transcribe --mode exact", [*cli, "--mode", "exact"]),
@@ -123,10 +147,22 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int) -> list[Row]:
             [*cli, "--mode", "exact", "--compute-type", "int8"],
         ),
     ]
+    if batched:
+        flags = " ".join(BATCHED)
+        rows.append(Row(f"specasr transcribe --mode exact {flags}", [*cli, "--mode", "exact", *BATCHED]))
+        rows.append(
+            Row(
+                f"specasr transcribe --mode exact --compute-type int8 {flags}",
+                [*cli, "--mode", "exact", "--compute-type", "int8", *BATCHED],
+            )
+        )
     if fw_dir is not None:
         for ct in ("float32", "int8"):
             cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip]
             rows.append(Row(f"faster-whisper {ct}", cmd))
+        for ct in ("float32", "int8") if batched else ():
+            cmd = [sys.executable, "-c", FW_BATCHED_SCRIPT, str(fw_dir), ct, str(threads), clip]
+            rows.append(Row(f"faster-whisper batched B=8 + VAD, no timestamps, {ct}", cmd))
     return rows
 
 
@@ -169,7 +205,12 @@ def measure(rows: list[Row], repeats: int) -> None:
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
-def main(repeats: int, long_: bool, threads: int, data: str) -> None:
+@click.option(
+    "--batched",
+    is_flag=True,
+    help="Long-form fixture: also each system's batched text-only path (VAD, batches of 8, no timestamps).",
+)
+def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> None:
     from importlib.resources import files
     from importlib.util import find_spec
 
@@ -194,8 +235,8 @@ def main(repeats: int, long_: bool, threads: int, data: str) -> None:
         measure([load], repeats)
         click.echo(f"{repeats} runs each, interleaved, fresh processes; {os.cpu_count()} cores\n")
         click.echo(table([load], None) + "\n")
-        for title, clip in clips:
-            rows = rows_for(clip, fw_dir, threads)
+        for i, (title, clip) in enumerate(clips):
+            rows = rows_for(clip, fw_dir, threads, batched and i > 0)  # clip 0: the 7 s example
             measure(rows, repeats)
             click.echo(f"### {title}\n")
             click.echo(table(rows, "faster-whisper float32" if fw_dir else None) + "\n")

@@ -128,3 +128,28 @@ def test_token_kinds_follow_the_verifier(tiny):
     assert len(expected) >= len(spec.tokens)  # the token limit cuts a pass, never needs a target step
     assert spec.token_kinds == expected[: len(spec.tokens)]
     assert "corrected" in spec.token_kinds  # random drafts: rejections happen
+
+
+def test_the_gamma_policy_hears_the_batch_size_and_every_rows_count(tiny, monkeypatch):
+    """The loop asks the γ policy for each pass with the rows still decoding, and reports every
+    row's accepted count (the backoff policy judges a batch by its size and pools the rows)."""
+    from specasr.decode import loop
+    from specasr.decode.gamma import FixedGamma
+
+    asked, told = [], []
+
+    class Recording(FixedGamma):
+        def next(self, rows: int = 1) -> int:
+            asked.append(rows)
+            return self.gamma
+
+        def update(self, gamma, accepted, draft_s=0.0, target_s=0.0, stopped=False, per_row=None):
+            told.append((accepted, per_row))
+
+    monkeypatch.setattr(loop, "make_policy", lambda *a, **k: Recording(3))
+    opts = DecodeOptions(mode="exact", gamma=3, draft_stop=0.0, max_new_tokens=12)
+    results = decode(tiny, _mels(3), opts)
+    assert asked[0] == 3 and asked == sorted(asked, reverse=True)  # rows drop out as they end
+    assert len(told) == len(results[0].stats.gammas) > 0
+    for (least, rows), n in zip(told, asked):
+        assert len(rows) == n and least == min(rows) and all(0 <= a <= 3 for a in rows)

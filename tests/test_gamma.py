@@ -7,12 +7,14 @@ import random
 import pytest
 
 from specasr.decode.gamma import (
+    CPU_BATCH_COSTS,
     CPU_COST,
     AdaptiveGamma,
     AnalyticGamma,
     BackoffGamma,
     FixedGamma,
     SpeculationCost,
+    batch_cost,
     best_speedup,
     crossing,
     expected_tokens,
@@ -123,6 +125,52 @@ def test_backoff_break_even_follows_the_cost_curve():
     )
     cheap_policy = BackoffGamma(FixedGamma(3), cheap)  # α̂ 0.25 still pays when drafts are almost free
     assert 0 not in _trace(cheap_policy, lambda g: 1 if random.random() < 0.5 else 0, 40)
+
+
+def test_a_batch_is_judged_by_the_cost_curve_of_its_size():
+    assert batch_cost(1, CPU_COST, CPU_BATCH_COSTS) is CPU_COST
+    assert batch_cost(3, CPU_COST, CPU_BATCH_COSTS) is CPU_BATCH_COSTS[2]  # the size measured below
+    assert batch_cost(20, CPU_COST, CPU_BATCH_COSTS) is CPU_BATCH_COSTS[8]
+    assert batch_cost(8, CPU_COST, {}) is CPU_COST
+    for cost in CPU_BATCH_COSTS.values():  # the measured curves: never cheaper with k
+        assert list(cost.verify) == list(range(1, 9))
+        assert all(cost.verify[k] <= cost.verify[k + 1] for k in range(1, 8))
+    assert CPU_BATCH_COSTS[8].c > CPU_BATCH_COSTS[2].c and CPU_BATCH_COSTS[8].verify[8] > CPU_COST.verify[5]
+
+
+def test_backoff_shortens_gamma_for_a_batch_and_not_for_one_row():
+    p = BackoffGamma(FixedGamma(7), CPU_COST, CPU_BATCH_COSTS)
+    for _ in range(5):  # a draft every row of which agrees about 0.86 per token
+        p.update(3, 3, per_row=[3, 2, 3, 3, 1, 3, 3, 3])
+    best8 = best_speedup(p.alpha, CPU_BATCH_COSTS[8].c, CPU_BATCH_COSTS[8].verify)[1]
+    assert 2 <= best8 <= 4 and p.next(8) == best8  # a pass over 8 rows × 8 tokens costs 2.5 steps
+    assert p.next(2) > best8  # 2 rows: flatter curve, longer runs
+    assert p.next(1) == 7  # one row: the policy's own γ, as before batches were judged apart
+    q = BackoffGamma(FixedGamma(2), CPU_COST, CPU_BATCH_COSTS)
+    assert q.next(8) <= 2  # never longer than the policy's own γ
+    assert make_policy("backoff", 7, 16, "cuda").next(8) == 7  # batch costs are CPU measurements
+
+
+def test_backoff_counts_every_row_of_a_batch_not_the_least_accepting_one():
+    """In a batch of 8 one row rejecting early is the rule, not a sign the draft is poor: each
+    row keeps what it accepted. Counting only the least-accepting row fell back to target-only
+    steps; the pooled count keeps speculating, and still falls back when every row fails."""
+    one_poor = [0, 3, 3, 3, 3, 3, 3, 3]
+    pooled = BackoffGamma(FixedGamma(3), CPU_COST, CPU_BATCH_COSTS)
+    least = BackoffGamma(FixedGamma(3), CPU_COST, CPU_BATCH_COSTS)
+    for _ in range(30):
+        if (g := pooled.next(8)) > 0:
+            pooled.update(g, 0, per_row=[min(n, g) for n in one_poor])
+        if (g := least.next(8)) > 0:
+            least.update(g, 0)  # what the loop reported before: min over the rows
+    assert pooled.fallbacks == 0 and least.fallbacks > 0
+    bad = BackoffGamma(FixedGamma(3), CPU_COST, CPU_BATCH_COSTS)
+    seen = []
+    for _ in range(30):
+        seen.append(g := bad.next(8))
+        if g:
+            bad.update(g, 0, per_row=[0] * 8)
+    assert bad.fallbacks > 0 and seen.count(0) > 15
 
 
 def test_fixed_policy_ignores_feedback():

@@ -87,26 +87,53 @@ class SpeculationCost:
 # carry its own (`cost_c`, `cost_verify` metadata); the figures are CPU ones, for CPU policies.
 CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 
+# A batch of B windows on a CPU (the chunked strategy): a pass over B rows × k tokens, relative
+# to a one-token step of the same B rows, grows faster with k than at B = 1 (B·k token rows of
+# products and of the vocabulary-wide head), and the draft's step reads B rows of cross K/V, so
+# c grows too. Base fp32 with its packaged draft on the 2-core dev CPU (docs/benchmarks.md,
+# "Long-form, in-process": uniform rows, medians of 20 passes; v(7) interpolated). An int8
+# target's curves are flatter: these make it choose a γ a little short, never a losing one.
+CPU_BATCH_COSTS = {
+    2: SpeculationCost(0.164, {1: 1.0, 2: 1.11, 3: 1.32, 4: 1.35, 5: 1.43, 6: 1.52, 7: 1.57, 8: 1.62}),
+    4: SpeculationCost(0.203, {1: 1.0, 2: 1.07, 3: 1.26, 4: 1.44, 5: 1.58, 6: 1.70, 7: 1.82, 8: 1.93}),
+    8: SpeculationCost(0.296, {1: 1.0, 2: 1.32, 3: 1.53, 4: 1.85, 5: 2.04, 6: 2.34, 7: 2.43, 8: 2.51}),
+}
+
+
+def batch_cost(rows: int, single: SpeculationCost, batch: dict[int, SpeculationCost]) -> SpeculationCost:
+    """The cost curve for a pass over `rows` rows: `single` for one row, else the measured batch
+    size nearest below (the largest for more rows than any measured)."""
+    below = [b for b in batch if b <= rows]
+    return single if rows <= 1 or not below else batch[max(below)]
+
 
 class GammaPolicy:
     wants_times = False  # the loop times its phases for this policy even without DecodeOptions.timing
 
-    def next(self) -> int:
+    def next(self, rows: int = 1) -> int:
+        """γ for the next pass over `rows` rows still decoding."""
         raise NotImplementedError
 
     def update(
-        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+        self,
+        gamma: int,
+        accepted: int,
+        draft_s: float = 0.0,
+        target_s: float = 0.0,
+        stopped: bool = False,
+        per_row: list[int] | None = None,
     ) -> None:
         """Feedback from one verify pass: γ used, the fewest accepted over the batch's rows,
-        the wall time of the draft's γ steps and of the target pass, and whether the
-        draft-confidence stop ended the run before the γ this policy asked for."""
+        the wall time of the draft's γ steps and of the target pass, whether the
+        draft-confidence stop ended the run before the γ this policy asked for, and each
+        row's accepted count (None: `accepted` is the one row's)."""
 
 
 @dataclass
 class FixedGamma(GammaPolicy):
     gamma: int
 
-    def next(self) -> int:
+    def next(self, rows: int = 1) -> int:
         return self.gamma
 
 
@@ -115,11 +142,17 @@ class AdaptiveGamma(GammaPolicy):
     gamma: int = 5
     gamma_max: int = 16
 
-    def next(self) -> int:
+    def next(self, rows: int = 1) -> int:
         return self.gamma
 
     def update(
-        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+        self,
+        gamma: int,
+        accepted: int,
+        draft_s: float = 0.0,
+        target_s: float = 0.0,
+        stopped: bool = False,
+        per_row: list[int] | None = None,
     ) -> None:
         if stopped:  # the stop, not γ, ended this run: it says nothing about γ
             return
@@ -149,7 +182,13 @@ class AnalyticGamma(GammaPolicy):
         return min(0.999, self._acc / self._tries) if self._tries else self.alpha_prior
 
     def update(
-        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+        self,
+        gamma: int,
+        accepted: int,
+        draft_s: float = 0.0,
+        target_s: float = 0.0,
+        stopped: bool = False,
+        per_row: list[int] | None = None,
     ) -> None:
         # per-token acceptance: `accepted` successes, plus one failure if the run stopped early
         judged = accepted + (1 if accepted < gamma else 0)
@@ -172,7 +211,7 @@ class AnalyticGamma(GammaPolicy):
             return self._target[k]
         return max((t for j, t in self._target.items() if j < k), default=0.0)
 
-    def next(self) -> int:
+    def next(self, rows: int = 1) -> int:
         if self._draft_step is None or not self._target:
             return self.gamma
         a = self.alpha
@@ -195,7 +234,12 @@ class BackoffGamma(GammaPolicy):
     target-only, then one speculative pass probes again; each failed probe doubles the
     wait (up to `probe_max`), a probe that pays resumes speculation and resets it. Counts
     only: the same audio gives the same γ sequence, so seeded sampling stays reproducible.
-    A batch counts its least-accepting row, as the loop reports it.
+
+    A batch counts every row's tokens (each row keeps what it accepted, so the pooled α̂ is
+    the typical row's), and a pass over B > 1 rows is judged, and its γ capped at the best
+    fixed γ, under the cost curve measured for that batch size (`batch`, `batch_cost`): at
+    B = 8 on the dev CPU that is γ 2–4 instead of 7. Counting the least-accepting row of 8
+    instead made held-out chunked decoding target-only for 42 of 50 steps.
 
     untrained: the draft was not trained on this decode's language (a distilled draft's
     recipe names its languages). Then it starts target-only for `untrained_wait` steps
@@ -204,6 +248,7 @@ class BackoffGamma(GammaPolicy):
 
     inner: GammaPolicy
     cost: SpeculationCost
+    batch: dict[int, SpeculationCost] = field(default_factory=dict)  # B -> cost (empty: `cost`)
     margin: float = 1.0  # speculation must be expected to be at least this much faster
     # judged tokens before the first decision: a false fallback on a draft trained
     # for the language costs more than a late true one, so it waits for a few passes
@@ -221,6 +266,7 @@ class BackoffGamma(GammaPolicy):
     _seen: int = field(default=0, repr=False)  # judged tokens, undecayed
     _off: int = field(default=0, repr=False)  # target-only steps left before the next probe
     _wait: int = field(default=0, repr=False)  # the wait after the next failed decision
+    _rows: int = field(default=1, repr=False)  # rows of the pass asked for last
     fallbacks: int = 0  # times it switched to target-only steps
 
     def __post_init__(self) -> None:
@@ -233,23 +279,41 @@ class BackoffGamma(GammaPolicy):
     def alpha(self) -> float:
         return min(0.999, self._acc / self._tries) if self._tries else 1.0
 
+    @property
+    def cost_now(self) -> SpeculationCost:
+        """The cost curve for the batch size of the last `next`."""
+        return batch_cost(self._rows, self.cost, self.batch)
+
     def pays(self) -> bool:
         if not self.untrained and self._seen < self.min_evidence:
             return True
-        return best_speedup(self.alpha, self.cost.c, self.cost.verify)[0] >= self.margin
+        return best_speedup(self.alpha, self.cost_now.c, self.cost_now.verify)[0] >= self.margin
 
-    def next(self) -> int:
+    def next(self, rows: int = 1) -> int:
+        self._rows = rows
         if self._off > 0:
             self._off -= 1
             return 0
-        return self.inner.next()
+        gamma = self.inner.next(rows)
+        if rows > 1 and self.batch:  # a batch: no longer than the best γ for its cost curve
+            cost = self.cost_now
+            gamma = min(gamma, max(1, best_speedup(self.alpha, cost.c, cost.verify)[1]))
+        return gamma
 
     def update(
-        self, gamma: int, accepted: int, draft_s: float = 0.0, target_s: float = 0.0, stopped: bool = False
+        self,
+        gamma: int,
+        accepted: int,
+        draft_s: float = 0.0,
+        target_s: float = 0.0,
+        stopped: bool = False,
+        per_row: list[int] | None = None,
     ) -> None:
         self.inner.update(gamma, accepted, draft_s, target_s, stopped)
-        judged = accepted + (1 if accepted < gamma else 0)  # the first rejection, if any
-        self._acc = self.decay * self._acc + accepted
+        rows = [accepted] if per_row is None else per_row
+        hits = sum(rows)
+        judged = hits + sum(n < gamma for n in rows)  # each row's first rejection, if any
+        self._acc = self.decay * self._acc + hits
         self._tries = self.decay * self._tries + judged
         self._seen += judged
         if self.pays():
@@ -275,12 +339,13 @@ def make_policy(
     where a pass over 2–20 tokens costs about one step. `backoff` is fixed with backoff on
     any device. Fixed, adaptive and backoff are deterministic, so seeded sampling repeats
     exactly; analytic is not (its γ follows measured times). cost: the stored cost curve
-    for backoff (default `CPU_COST`); untrained: the draft never saw the decode's language
-    (backoff starts target-only)."""
+    for backoff at one row (default `CPU_COST`; on a CPU batches use `CPU_BATCH_COSTS`);
+    untrained: the draft never saw the decode's language (backoff starts target-only)."""
     if name == "auto":
         name = "backoff" if device == "cpu" else "adaptive"
     if name == "backoff":
-        return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, untrained=untrained)
+        batch = CPU_BATCH_COSTS if device == "cpu" else {}
+        return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, batch, untrained=untrained)
     if name == "fixed":
         return FixedGamma(gamma)
     if name == "adaptive":

@@ -72,7 +72,8 @@ class DecodeLoop:
                 self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature),
             )
         while batch.active:
-            gamma = 0 if step is None else min(self.policy.next(), N_TEXT_CTX - max(batch.lengths))
+            rows = len(batch.active)
+            gamma = 0 if step is None else min(self.policy.next(rows), N_TEXT_CTX - max(batch.lengths))
             if gamma == 0:  # no draft, or the γ policy backed off: target only (the draft catches up later)
                 target_step(ctx, batch, target)
             else:  # (the room left in the cache for the longest row's γ is >= 1)
@@ -100,6 +101,7 @@ class DecodeLoop:
             stats.draft_s - draft_before,
             stats.target_s - target_before,
             stopped=done.proposal.stopped,
+            per_row=done.accepted,
         )
         if self.hooks.on_pass is not None:
             self.hooks.on_pass(done)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from specasr.cli import main
-from specasr.research.whole_process import BATCHED, FW_BATCHED_SCRIPT, ct2_dir, rows_for
+from specasr.research.whole_process import BATCHED, FW_SCRIPT, ct2_dir, rows_for
 
 EXAMPLE = str(files("specasr") / "assets" / "example.wav")
 
@@ -29,8 +29,8 @@ def test_batched_rows_are_added_only_when_asked():
     for r in ours:  # exact, fp32 and int8, on the text-only batched path
         assert r.command[-len(BATCHED) :] == BATCHED and "exact" in r.command
     assert [r for r in ours if "int8" in r.command]
-    assert all(FW_BATCHED_SCRIPT in r.command and r.command[-1] == "x.wav" for r in fw)
-    assert {r.command[-3] for r in fw} == {"float32", "int8"}
+    assert all(FW_SCRIPT in r.command and r.command[-2:] == ["x.wav", "8"] for r in fw)  # batches of 8
+    assert {r.command[-4] for r in fw} == {"float32", "int8"}
 
 
 @pytest.mark.slow  # tiny.en through the CLI
@@ -44,6 +44,6 @@ def test_the_cli_takes_the_batched_flags(tmp_path):
 @pytest.mark.slow  # base's CTranslate2 files through faster-whisper
 @pytest.mark.skipif(find_spec("faster_whisper") is None, reason="faster-whisper is optional (specasr[bench])")
 def test_faster_whispers_batched_script_transcribes_the_example(tmp_path):
-    cmd = [sys.executable, "-c", FW_BATCHED_SCRIPT, str(ct2_dir(tmp_path)), "int8", "2", EXAMPLE]
+    cmd = [sys.executable, "-c", FW_SCRIPT, str(ct2_dir(tmp_path)), "int8", "2", EXAMPLE, "8"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert len(out.stdout.split()) > 5 and "PHASES" in out.stderr

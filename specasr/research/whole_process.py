@@ -37,37 +37,30 @@ from pathlib import Path
 
 import click
 
-# stdout: the transcript; stderr: a PHASES line of perf_counter marks (`research.startup`)
+# stdout: the transcript; stderr: a PHASES line of perf_counter marks (`research.startup`).
+# A fifth argument, a batch size, runs faster-whisper's `BatchedInferencePipeline` instead:
+# Silero VAD cuts, batches of windows, text tokens only (its default `without_timestamps`),
+# its fastest long-form path.
 FW_SCRIPT = """
-import json, sys, time
-T = {"start": time.perf_counter()}
-from faster_whisper import WhisperModel
-T["import"] = time.perf_counter()
-model_dir, compute_type, threads, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-model = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
-T["load"] = time.perf_counter()
-segments, _ = model.transcribe(path, beam_size=1, best_of=1, language="en", vad_filter=False)
-print(" ".join(s.text.strip() for s in segments))
-T["main end"] = time.perf_counter()
-print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
-"""
-
-# faster-whisper's `BatchedInferencePipeline`: Silero VAD cuts, batches of 8 windows, text
-# tokens only (its default, `without_timestamps=True`): its fastest long-form path
-FW_BATCHED_SCRIPT = """
 import json, sys, time
 T = {"start": time.perf_counter()}
 from faster_whisper import BatchedInferencePipeline, WhisperModel
 T["import"] = time.perf_counter()
 model_dir, compute_type, threads, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+batch = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 model = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
 T["load"] = time.perf_counter()
-batched = BatchedInferencePipeline(model)
-segments, _ = batched.transcribe(path, beam_size=1, best_of=1, language="en", batch_size=8)
+if batch:
+    segments, _ = BatchedInferencePipeline(model).transcribe(
+        path, beam_size=1, best_of=1, language="en", batch_size=batch
+    )
+else:
+    segments, _ = model.transcribe(path, beam_size=1, best_of=1, language="en", vad_filter=False)
 print(" ".join(s.text.strip() for s in segments))
 T["main end"] = time.perf_counter()
 print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
 """
+
 # specasr's like: VAD, chunked windows in batches of 8, text tokens only
 BATCHED = ["--vad", "--strategy", "chunked", "--batch-size", "8", "--without-timestamps"]
 
@@ -161,7 +154,7 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False
             cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip]
             rows.append(Row(f"faster-whisper {ct}", cmd))
         for ct in ("float32", "int8") if batched else ():
-            cmd = [sys.executable, "-c", FW_BATCHED_SCRIPT, str(fw_dir), ct, str(threads), clip]
+            cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip, "8"]
             rows.append(Row(f"faster-whisper batched B=8 + VAD, no timestamps, {ct}", cmd))
     return rows
 

@@ -326,12 +326,15 @@ def test_real_batch_of_8_keeps_each_rows_acceptance(shipped, eight_windows, draf
     per row per target pass) in the batch of 8 is no lower than with each window alone (a
     lockstep batch loses the faster rows' surplus: fewer tokens per row and pass). With the
     default stop, which ends a batch's run at its least confident row, the counts are
-    printed, not asserted: there a row's runs depend on the other rows."""
-    opts = DecodeOptions(draft_stop=draft_stop)
+    printed, not asserted: there a row's runs depend on the other rows. γ is fixed: the
+    default backoff policy gives a batch of 8 a shorter γ than one row (`gamma.CPU_BATCH_COSTS`)."""
+    opts = DecodeOptions(draft_stop=draft_stop, gamma_policy="fixed")
     ar, _ = _alone(shipped, eight_windows, replace(opts, mode="autoregressive"))
     alone_tokens, alone = _alone(shipped, eight_windows, opts)
     batch = decode(shipped, eight_windows, opts)
     assert [r.tokens for r in batch] == alone_tokens == ar
+    default = decode(shipped, eight_windows, DecodeOptions(draft_stop=draft_stop))  # batch-sized γ
+    assert [r.tokens for r in default] == ar and default[0].stats.gammas[0] < opts.gamma  # 8 rows
     s = batch[0].stats
     print(
         f"draft_stop {draft_stop}: α̂ B=1 {alone.token_acceptance:.3f}, B=8 {s.token_acceptance:.3f}; "
@@ -348,13 +351,13 @@ def test_real_batch_of_8_keeps_each_rows_acceptance(shipped, eight_windows, draf
 
 def test_real_batch_of_8_with_an_fp32_draft_keeps_each_rows_counts_exactly(base_pair, eight_windows):
     """Without int8's per-pass activation scale, a row proposes and accepts in a batch of 8
-    exactly what it does alone: the same α̂ and tokens per row per target pass."""
+    exactly what it does alone at the same fixed γ: the same α̂ and tokens per row per target pass."""
     from specasr.models.draft import load_draft
     from specasr.models.loading import packaged_draft
 
     draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
     pair = replace(base_pair, draft=draft, shared_encoder=True, draft_name="packaged:base (fp32)")
-    opts = DecodeOptions(draft_stop=0.0)
+    opts = DecodeOptions(draft_stop=0.0, gamma_policy="fixed")
     alone_tokens, alone = _alone(pair, eight_windows, opts)
     batch = decode(pair, eight_windows, opts)
     assert [r.tokens for r in batch] == alone_tokens

@@ -250,6 +250,7 @@ class BackoffGamma(GammaPolicy):
     inner: GammaPolicy
     cost: SpeculationCost
     batch: dict[int, SpeculationCost] = field(default_factory=dict)  # B -> cost (empty: `cost`)
+    batch_prior: float = 0.8  # α for a batch's γ before anything is counted (a trained language's)
     margin: float = 1.0  # speculation must be expected to be at least this much faster
     # judged tokens before the first decision: a false fallback on a draft trained
     # for the language costs more than a late true one, so it waits for a few passes
@@ -297,8 +298,8 @@ class BackoffGamma(GammaPolicy):
             return 0
         gamma = self.inner.next(rows)
         if rows > 1 and self.batch:  # a batch: no longer than the best γ for its cost curve
-            cost = self.cost_now
-            gamma = min(gamma, max(1, best_speedup(self.alpha, cost.c, cost.verify)[1]))
+            cost, alpha = self.cost_now, self.alpha if self._tries else self.batch_prior
+            gamma = min(gamma, max(1, best_speedup(alpha, cost.c, cost.verify)[1]))
         return gamma
 
     def update(

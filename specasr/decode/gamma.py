@@ -108,6 +108,22 @@ def batch_cost(rows: int, single: SpeculationCost, batch: dict[int, SpeculationC
     return single if rows <= 1 or not below else batch[max(below)]
 
 
+@dataclass(frozen=True)
+class Feedback:
+    """One verify pass, as the loop reports it to a γ policy."""
+
+    gamma: int  # γ used
+    accepted: int  # the fewest accepted over the batch's rows
+    draft_s: float = 0.0  # wall time of the draft's γ steps
+    target_s: float = 0.0  # wall time of the target pass
+    stopped: bool = False  # the draft-confidence stop ended the run before the γ asked for
+    per_row: list[int] | None = None  # each row's accepted count (None: `accepted` is the one row's)
+
+    @property
+    def rows(self) -> list[int]:
+        return [self.accepted] if self.per_row is None else self.per_row
+
+
 class GammaPolicy:
     wants_times = False  # the loop times its phases for this policy even without DecodeOptions.timing
 
@@ -124,10 +140,11 @@ class GammaPolicy:
         stopped: bool = False,
         per_row: list[int] | None = None,
     ) -> None:
-        """Feedback from one verify pass: γ used, the fewest accepted over the batch's rows,
-        the wall time of the draft's γ steps and of the target pass, whether the
-        draft-confidence stop ended the run before the γ this policy asked for, and each
-        row's accepted count (None: `accepted` is the one row's)."""
+        """Feedback from one verify pass (`Feedback` has the fields), handed to `observe`."""
+        self.observe(Feedback(gamma, accepted, draft_s, target_s, stopped, per_row))
+
+    def observe(self, fb: Feedback) -> None:
+        """What a policy learns from one verify pass; nothing by default."""
 
 
 @dataclass
@@ -146,21 +163,13 @@ class AdaptiveGamma(GammaPolicy):
     def next(self, rows: int = 1) -> int:
         return self.gamma
 
-    def update(
-        self,
-        gamma: int,
-        accepted: int,
-        draft_s: float = 0.0,
-        target_s: float = 0.0,
-        stopped: bool = False,
-        per_row: list[int] | None = None,
-    ) -> None:
-        if stopped:  # the stop, not γ, ended this run: it says nothing about γ
+    def observe(self, fb: Feedback) -> None:
+        if fb.stopped:  # the stop, not γ, ended this run: it says nothing about γ
             return
-        if accepted >= gamma:
-            self.gamma = min(self.gamma_max, gamma + 2)
+        if fb.accepted >= fb.gamma:
+            self.gamma = min(self.gamma_max, fb.gamma + 2)
         else:
-            self.gamma = max(1, gamma - 1)
+            self.gamma = max(1, fb.gamma - 1)
 
 
 @dataclass
@@ -182,26 +191,18 @@ class AnalyticGamma(GammaPolicy):
     def alpha(self) -> float:
         return min(0.999, self._acc / self._tries) if self._tries else self.alpha_prior
 
-    def update(
-        self,
-        gamma: int,
-        accepted: int,
-        draft_s: float = 0.0,
-        target_s: float = 0.0,
-        stopped: bool = False,
-        per_row: list[int] | None = None,
-    ) -> None:
+    def observe(self, fb: Feedback) -> None:
         # per-token acceptance: `accepted` successes, plus one failure if the run stopped early
-        judged = accepted + (1 if accepted < gamma else 0)
-        self._acc = self.decay * self._acc + accepted
+        judged = fb.accepted + (1 if fb.accepted < fb.gamma else 0)
+        self._acc = self.decay * self._acc + fb.accepted
         self._tries = self.decay * self._tries + judged
-        if gamma > 0 and draft_s > 0:
-            step = draft_s / gamma
+        if fb.gamma > 0 and fb.draft_s > 0:
+            step = fb.draft_s / fb.gamma
             self._draft_step = step if self._draft_step is None else 0.8 * self._draft_step + 0.2 * step
-        if target_s > 0:
-            k = gamma + 1
+        if fb.target_s > 0:
+            k = fb.gamma + 1
             old = self._target.get(k)
-            self._target[k] = target_s if old is None else 0.8 * old + 0.2 * target_s
+            self._target[k] = fb.target_s if old is None else 0.8 * old + 0.2 * fb.target_s
 
     def target_cost(self, k: int) -> float:
         """An optimistic t_target(k): measured where known; else the dearest measurement at
@@ -289,7 +290,8 @@ class BackoffGamma(GammaPolicy):
     def pays(self) -> bool:
         if not self.untrained and self._seen < self.min_evidence:
             return True
-        return best_speedup(self.alpha, self.cost_now.c, self.cost_now.verify)[0] >= self.margin
+        cost = self.cost_now
+        return best_speedup(self.alpha, cost.c, cost.verify)[0] >= self.margin
 
     def next(self, rows: int = 1) -> int:
         self._rows = rows
@@ -302,19 +304,10 @@ class BackoffGamma(GammaPolicy):
             gamma = min(gamma, max(1, best_speedup(alpha, cost.c, cost.verify)[1]))
         return gamma
 
-    def update(
-        self,
-        gamma: int,
-        accepted: int,
-        draft_s: float = 0.0,
-        target_s: float = 0.0,
-        stopped: bool = False,
-        per_row: list[int] | None = None,
-    ) -> None:
-        self.inner.update(gamma, accepted, draft_s, target_s, stopped)
-        rows = [accepted] if per_row is None else per_row
-        hits = sum(rows)
-        judged = hits + sum(n < gamma for n in rows)  # each row's first rejection, if any
+    def observe(self, fb: Feedback) -> None:
+        self.inner.observe(fb)
+        hits = sum(fb.rows)
+        judged = hits + sum(n < fb.gamma for n in fb.rows)  # each row's first rejection, if any
         self._acc = self.decay * self._acc + hits
         self._tries = self.decay * self._tries + judged
         self._seen += judged

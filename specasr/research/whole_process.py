@@ -61,8 +61,9 @@ T["main end"] = time.perf_counter()
 print("PHASES " + json.dumps({"marks": T}), file=sys.stderr)
 """
 
-# specasr's like: VAD, chunked windows in batches of 8, text tokens only
-BATCHED = ["--vad", "--strategy", "chunked", "--batch-size", "8", "--without-timestamps"]
+BATCH = 8  # windows per batch on both systems' batched paths
+# specasr's like: VAD, chunked windows in batches, text tokens only
+BATCHED = ["--vad", "--strategy", "chunked", "--batch-size", str(BATCH), "--without-timestamps"]
 
 # os._exit: the interpreter's teardown (about 0.3 s) is not part of import + load
 LOAD_SCRIPT = "import os, specasr; specasr.load_pair('base'); os._exit(0)"
@@ -154,8 +155,8 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False
             cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip]
             rows.append(Row(f"faster-whisper {ct}", cmd))
         for ct in ("float32", "int8") if batched else ():
-            cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip, "8"]
-            rows.append(Row(f"faster-whisper batched B=8 + VAD, no timestamps, {ct}", cmd))
+            cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip, str(BATCH)]
+            rows.append(Row(f"faster-whisper batched B={BATCH} + VAD, no timestamps, {ct}", cmd))
     return rows
 
 
@@ -213,7 +214,8 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
         fw_dir = ct2_dir(work) if find_spec("faster_whisper") else None
         if fw_dir is None:
             click.echo("faster-whisper is not installed (pip install 'specasr[bench]'): its rows are skipped")
-        clips = [("bundled example (7.1 s)", str(files("specasr") / "assets" / "example.wav"))]
+        # (title, path, with the batched rows): batching is a long-form path
+        clips = [("bundled example (7.1 s)", str(files("specasr") / "assets" / "example.wav"), False)]
         if long_:
             import soundfile as sf
 
@@ -223,13 +225,13 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
             rec = long_recording(data)
             path = work / "long.wav"
             sf.write(path, rec.samples, SAMPLE_RATE)
-            clips.append((f"long-form fixture ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path)))
+            clips.append((f"long-form fixture ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
         load = Row('import + load_pair("base")', [sys.executable, "-c", LOAD_SCRIPT])
         measure([load], repeats)
         click.echo(f"{repeats} runs each, interleaved, fresh processes; {os.cpu_count()} cores\n")
         click.echo(table([load], None) + "\n")
-        for i, (title, clip) in enumerate(clips):
-            rows = rows_for(clip, fw_dir, threads, batched and i > 0)  # clip 0: the 7 s example
+        for title, clip, with_batched in clips:
+            rows = rows_for(clip, fw_dir, threads, with_batched)
             measure(rows, repeats)
             click.echo(f"### {title}\n")
             click.echo(table(rows, "faster-whisper float32" if fw_dir else None) + "\n")

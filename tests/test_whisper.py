@@ -115,6 +115,25 @@ def test_the_encoder_in_place_is_bitwise_the_autograd_encoder_and_leaves_its_inp
     assert torch.equal(fast, slow.detach())
 
 
+def test_the_encoder_layers_see_a_row_major_residual_stream():
+    """The conv output is channels-first in memory; once the positions are added, every layer
+    must get x as plain [B, S, d] rows. Strided x would be copied by each layer norm and by
+    the residual sums (13 copies of [B, 1500, d] per base pass)."""
+    encoder = random_tiny_pair(seed=3).target.encoder
+    seen = []
+    hooks = [
+        layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].is_contiguous()))
+        for layer in encoder.layers
+    ]
+    try:
+        with torch.inference_mode():
+            encoder(_mel())
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == [True] * len(encoder.layers)
+
+
 @pytest.mark.slow  # real weights
 def test_transposed_cache_holds_the_same_weights():
     directory = cached_conversion(offline_files("tiny.en"))

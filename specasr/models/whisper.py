@@ -143,7 +143,9 @@ class WhisperEncoder(nn.Module):
             raise ValueError(
                 f"expected {2 * self.embed_positions.num_embeddings} mel frames, got {mel.shape[-1]}"
             )
-        x = x + self.embed_positions.weight
+        # positions first: the sum takes their [S, d] row-major layout, not the permuted conv
+        # output's (channels-first strides would make every layer copy x before its products)
+        x = self.embed_positions.weight + x
         for layer in self.layers:
             x = layer(x)
         return self.layer_norm(x)

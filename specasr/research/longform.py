@@ -9,7 +9,9 @@ Chunked + VAD also runs without timestamps (text tokens only, one segment per wi
 what faster-whisper's `BatchedInferencePipeline` decodes by default (`without_timestamps=True`).
 Each compute type in --compute-type adds its own rows (one model pair each; an int8 target's
 speculative rows are exact against its own autoregressive rows). --faster-whisper adds
-its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8.
+its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8,
+each in a worker process of its own (`fw_process`: CTranslate2's OpenMP calls bind to torch's
+runtime in a shared process, which slowed specasr's decoder 1.4×); models stay loaded in both.
 
 Every configuration transcribes the same long recording (`long_recording`: the LibriVox
 test clips twice over, separated by silence; with --corpus, `corpus_recording`: held-out
@@ -100,23 +102,17 @@ def _ours(pair, options: TranscribeOptions):
 def _faster_whisper(
     ct2_dir: Path, threads: int, compute_type: str = "float32", batch_size: int = 0, language: str = "en"
 ):
-    """faster-whisper greedy on the same weights: its sequential `transcribe`, or with
-    batch_size > 0 its `BatchedInferencePipeline` (Silero VAD cuts, then batched windows:
-    its fastest long-form path)."""
-    from faster_whisper import BatchedInferencePipeline, WhisperModel
+    """faster-whisper greedy on the same weights, in a worker process of its own
+    (`fw_process`: in this process its OpenMP calls would share torch's runtime and slow
+    both): its sequential `transcribe`, or with batch_size > 0 its `BatchedInferencePipeline`."""
+    from specasr.research.fw_process import FasterWhisperProcess
 
-    model = WhisperModel(str(ct2_dir), device="cpu", compute_type=compute_type, cpu_threads=threads)
-    batched = BatchedInferencePipeline(model) if batch_size else None
+    worker = FasterWhisperProcess(ct2_dir, threads, compute_type, batch_size, language)
 
     def run(audio: np.ndarray):
-        if batched is None:
-            segments, _ = model.transcribe(audio, beam_size=1, best_of=1, language=language)
-        else:
-            segments, _ = batched.transcribe(
-                audio, beam_size=1, best_of=1, language=language, batch_size=batch_size
-            )
-        return " ".join(s.text for s in segments), None, None
+        return worker(audio), None, None
 
+    run.close = worker.close
     return run
 
 
@@ -250,6 +246,8 @@ def main(
             t0 = time.perf_counter()
             run(rec.samples)
             times[name].append(time.perf_counter() - t0)
+    for run in configs.values():
+        getattr(run, "close", lambda: None)()  # faster-whisper's worker processes
     names = list(configs)
     ref = statistics.median(times[names[0]])
     # machine speed drifts within a run: each repeat's fw int8 batched time over this row's, then the median

@@ -56,7 +56,12 @@ class FasterWhisperProcess:
     crosses over once (as a .npy file) and stays there while the same array is passed."""
 
     def __init__(
-        self, ct2_dir: Path, threads: int, compute_type: str = "float32", batch_size: int = 0, language: str = "en"
+        self,
+        ct2_dir: Path,
+        threads: int,
+        compute_type: str = "float32",
+        batch_size: int = 0,
+        language: str = "en",
     ) -> None:
         args = {
             "model_dir": str(ct2_dir),

@@ -132,7 +132,7 @@ def speculates_exactly(pair) -> bool:
     """Whether speculative modes keep the target's greedy tokens with this pair: always in
     fp32 (up to summation order), and for an int8 target when its layers attend row-invariantly
     (`specasr.cpu.invariant`)."""
-    if getattr(pair, "compute_type", "float32") != "int8":
+    if not getattr(pair, "compute_type", "float32").startswith("int8"):  # int8, int8_bfloat16
         return True
     return all(getattr(layer, "fixed_rows", 0) > 0 for layer in pair.target.model.decoder.layers)
 

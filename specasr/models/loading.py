@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specasr.cpu import heap
+from specasr.cpu import bf16, heap
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
 from specasr.decode.gamma import SpeculationCost
@@ -265,9 +265,11 @@ def load_pair(
     draft_int8: run a distilled draft's products in int8 (`DistilledDraft.quantize_int8`);
     None means yes on CPU in fp32 where fbgemm is available. Lossy for the draft only: it
     can move the acceptance rate, never the transcript.
-    compute_type: the target decoder's products (`resolve_compute_type`): "float32", "int8"
-    (CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy target of its
-    own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`) or "auto".
+    compute_type: the target's products (`resolve_compute_type`): "float32", "int8" (the
+    decoder's, CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy
+    target of its own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`),
+    "bfloat16" (the encoder's, CPUs with native bf16: `specasr.cpu.bf16`, lossy),
+    "int8_bfloat16" (both) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
     more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
@@ -278,7 +280,7 @@ def load_pair(
     if draft in (None, "none"):
         draft = None
     compute_type = resolve_compute_type(compute_type, dev, dtype, speculative=draft is not None)
-    t_model, tok = _load_spec(target, dtype, dev, pack=compute_type != "int8")
+    t_model, tok = _load_spec(target, dtype, dev, pack=not int8_decoder(compute_type))
     d_model = None
     draft_file = draft_path(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
@@ -301,11 +303,15 @@ def load_pair(
     )
     if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
-    if compute_type == "int8":  # after the draft took what it shares (embeddings, head rows)
+    if int8_decoder(compute_type):  # after the draft took what it shares (embeddings, head rows)
         quantize_target(t_model)
+    if bf16_encoder_type(compute_type):  # one encoder: a distilled draft reads the same states
+        bf16.bf16_encoder(t_model.model.encoder)
+        if d_model is not None and not shared:
+            bf16.bf16_encoder(d_model.model.encoder)
     if half_weights is None:
         half_weights = os.environ.get("SPECASR_HALF_WEIGHTS") == "1"
-    if half_weights and compute_type != "int8" and dev.type == "cpu" and dtype == torch.float32:
+    if half_weights and not int8_decoder(compute_type) and dev.type == "cpu" and dtype == torch.float32:
         use_half_weights(t_model)  # before the lean view below takes its product forms
     if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
         lean_decoder(t_model)
@@ -327,14 +333,27 @@ def load_pair(
     )
 
 
-COMPUTE_TYPES = ("auto", "float32", "int8")
+COMPUTE_TYPES = ("auto", "float32", "int8", "bfloat16", "int8_bfloat16")
+
+
+def int8_decoder(compute_type: str) -> bool:
+    """Whether a resolved compute type quantises the target decoder (int8, int8_bfloat16)."""
+    return compute_type.startswith("int8")
+
+
+def bf16_encoder_type(compute_type: str) -> bool:
+    """Whether a resolved compute type runs the encoder's products in bf16 (`specasr.cpu.bf16`)."""
+    return compute_type.endswith("bfloat16")
 
 
 def resolve_compute_type(
     compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
 ) -> str:
-    """The target decoder's compute type, "float32" or "int8", for a requested one. "int8"
-    needs a CPU, fp32 and fbgemm (x86 builds); asked for elsewhere it is a ValueError.
+    """The target's compute type for a requested one: "float32", "int8" (the decoder's
+    products), "bfloat16" (the encoder's, `specasr.cpu.bf16`) or "int8_bfloat16" (both, as
+    faster-whisper names it). "int8" needs a CPU, fp32 and fbgemm (x86 builds); bf16 needs a
+    CPU in fp32 with native bf16 dot products (AVX512_BF16 or AMX); asked for elsewhere
+    either is a ValueError.
     "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
     (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
     reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:
@@ -348,11 +367,18 @@ def resolve_compute_type(
     if compute_type == "auto":
         simd = torch.backends.cpu.get_cpu_capability().startswith("AVX")
         return "int8" if cpu32 and simd and not speculative and int8_available() else "float32"
-    if compute_type == "int8" and not (cpu32 and int8_available()):
+    if int8_decoder(compute_type) and not (cpu32 and int8_available()):
         raise ValueError(
-            "compute type int8 runs on a CPU in fp32 with fbgemm (x86 PyTorch builds); "
+            f"compute type {compute_type} runs on a CPU in fp32 with fbgemm (x86 PyTorch builds); "
             f"here: device {device.type}, dtype {str(dtype).removeprefix('torch.')}, "
             f"fbgemm {'yes' if int8_available() else 'no'}"
+        )
+    if bf16_encoder_type(compute_type) and not (cpu32 and bf16.available()):
+        raise ValueError(
+            f"compute type {compute_type} runs on a CPU in fp32 with native bf16 dot products "
+            "(AVX512_BF16 or AMX), where it is about 2x faster per encoder product; elsewhere bf16 is "
+            f"emulated, slower than fp32. Here: device {device.type}, dtype "
+            f"{str(dtype).removeprefix('torch.')}, native bf16 {'yes' if bf16.available() else 'no'}"
         )
     return compute_type
 

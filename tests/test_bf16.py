@@ -1,0 +1,124 @@
+"""bf16 encoder products (`compute_type="bfloat16"` / `"int8_bfloat16"`, `specasr.cpu.bf16`):
+close to fp32, refused where the CPU has no native bf16, and exact speculative decoding
+against the bf16 target. Machines without native bf16 run the same code emulated (slower),
+so the loader is told bf16 is available where a test needs it."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+from tiny_pairs import random_tiny_pair
+from torch import nn
+
+from specasr.cpu import bf16
+from specasr.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_encoder
+from specasr.cpu.linear import int8_available
+from specasr.models.loading import resolve_compute_type
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def test_a_bf16_product_is_close_to_fp32_adds_its_bias_and_returns_the_asked_dtype():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96)
+    x = torch.randn(5, 64)
+    want = linear(x).detach()
+    fp32_out, bf16_out = Bf16Linear.of(linear), Bf16Linear.of(linear, torch.bfloat16)
+    y, z = fp32_out(x), bf16_out(x.bfloat16())
+    assert y.dtype == torch.float32 and z.dtype == torch.bfloat16
+    assert _rel(y, want) < 1e-2 and _rel(z, want) < 2e-2
+    assert fp32_out.weight.dtype == torch.bfloat16 and fp32_out.bias.dtype == torch.float32
+    no_bias = Bf16Linear.of(nn.Linear(64, 96, bias=False))
+    assert no_bias(x).dtype == torch.float32
+    shifted = copy.deepcopy(linear)
+    shifted.bias.data += 1.0
+    assert _rel(Bf16Linear.of(shifted)(x) - 1.0, y) < 1e-5  # the bias is added, in fp32
+
+
+def test_a_bf16_encoder_keeps_an_fp32_stream_and_stays_close_to_fp32():
+    """Every layer's products become bf16 (fc1 hands GELU and fc2 bf16 rows), the norms feed
+    bf16 rows, the stream between layers stays fp32, and the states move by bf16's rounding
+    only. Converting twice changes nothing."""
+    encoder = random_tiny_pair(seed=3).target.encoder
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        want = encoder(mel)
+        fast = bf16_encoder(copy.deepcopy(encoder))
+        seen = []
+        hooks = [
+            layer.register_forward_pre_hook(lambda _m, a: seen.append(a[0].dtype)) for layer in fast.layers
+        ]
+        got = fast(mel)
+        for h in hooks:
+            h.remove()
+        again = bf16_encoder(fast)(mel)
+    layer = fast.layers[0]
+    assert isinstance(layer.fc1, Bf16Linear) and layer.fc1.out == torch.bfloat16
+    assert isinstance(layer.self_attn.k_proj, Bf16Linear) and isinstance(layer.final_layer_norm, Bf16Norm)
+    assert seen == [torch.float32] * len(fast.layers) and got.dtype == torch.float32
+    assert 0 < _rel(got, want) < 3e-2
+    assert torch.equal(again, got)
+
+
+def test_bf16_compute_types_need_native_bf16_on_a_cpu_in_fp32(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(bf16, "available", lambda: False)
+    for ct in ("bfloat16", "int8_bfloat16"):
+        with pytest.raises(ValueError, match="native bf16 dot products"):
+            resolve_compute_type(ct, cpu, torch.float32)
+    monkeypatch.setattr(bf16, "available", lambda: True)
+    assert resolve_compute_type("bfloat16", cpu, torch.float32) == "bfloat16"
+    if int8_available():
+        assert resolve_compute_type("int8_bfloat16", cpu, torch.float32) == "int8_bfloat16"
+    with pytest.raises(ValueError, match="native bf16"):
+        resolve_compute_type("bfloat16", cuda, torch.float16)
+    assert resolve_compute_type("auto", cpu, torch.float32, speculative=True) == "float32"  # only by name
+
+
+def test_an_int8_bfloat16_target_speculates_only_with_row_invariant_attention():
+    from specasr.decode.loop import speculates_exactly
+
+    tiny = random_tiny_pair(seed=3)
+    assert speculates_exactly(replace(tiny, compute_type="bfloat16"))
+    assert not speculates_exactly(replace(tiny, compute_type="int8_bfloat16"))  # fp32 layers: no fixed rows
+
+
+@pytest.mark.slow  # real weights; emulated bf16 where the CPU has none
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_an_int8_bfloat16_base_decodes_exactly_against_itself_and_keeps_its_wer(librivox, monkeypatch):
+    """base with bf16 encoder products and an int8 decoder, with the packaged draft: exact mode
+    gives the target's own autoregressive tokens on every LibriVox clip and on the long-form
+    fixture (chunked, VAD, text only), and the fixture's WER stays within half a point of fp32."""
+    from specasr.eval.metric import wer
+    from specasr.models.loading import load_pair
+    from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
+    from specasr.research.longform import long_recording
+    from specasr.transcription import transcribe, transcribe_clip
+
+    monkeypatch.setattr(bf16, "available", lambda: True)
+    pair = load_pair("base", "default", compute_type="int8_bfloat16")
+    assert pair.compute_type == "int8_bfloat16"
+    assert isinstance(pair.target.model.encoder.layers[0].fc2, Bf16Linear)
+    for clip in librivox:
+        ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
+        ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
+        assert ex.tokens == ar.tokens, clip.id
+    rec = long_recording(librivox[0].path.parent)
+    opts = TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions()).with_decode(timestamps=False)
+    texts, tokens = {}, {}
+    for name, p in (("bf16", pair), ("fp32", load_pair("base", None))):
+        for mode in ("autoregressive", "exact") if name == "bf16" else ("autoregressive",):
+            segments, info = transcribe(rec.samples, p, opts.with_decode(mode=mode), source_rate=16000)
+            segments = list(segments)
+            tokens[name, mode] = [s.tokens for s in segments]
+            texts[name, mode] = " ".join(s.text for s in segments)
+            if mode == "exact":
+                assert info.stats.proposed > 0
+    assert tokens["bf16", "exact"] == tokens["bf16", "autoregressive"]
+    refs = [" ".join(rec.texts)]
+    assert wer(refs, [texts["bf16", "exact"]]) <= wer(refs, [texts["fp32", "autoregressive"]]) + 0.005

@@ -33,6 +33,17 @@ def test_batched_rows_are_added_only_when_asked():
     assert {r.command[-4] for r in fw} == {"float32", "int8"}
 
 
+def test_int8_bfloat16_rows_come_only_where_bf16_is_native():
+    plain = rows_for("x.wav", None, 2, batched=True)
+    with_bf16 = rows_for("x.wav", None, 2, batched=True, bf16=True)
+    assert not any("int8_bfloat16" in r.command for r in plain)
+    extra = [r for r in with_bf16 if r.name not in {p.name for p in plain}]
+    assert len(extra) == 2 and all(
+        r.command[r.command.index("--compute-type") + 1] == "int8_bfloat16" for r in extra
+    )
+    assert sum(r.command[-len(BATCHED) :] == BATCHED for r in extra) == 1  # one per path
+
+
 @pytest.mark.slow  # tiny.en through the CLI
 def test_the_cli_takes_the_batched_flags(tmp_path):
     args = ["transcribe", EXAMPLE, "--model", "tiny.en", "--mode", "autoregressive", "-o", str(tmp_path)]

@@ -17,7 +17,9 @@ Rows:
 - `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores);
 - with `--long --batched`, on the long-form fixture: each system's batched, text-only path
   (VAD, batches of 8 windows, no timestamps): specasr exact fp32 and int8, faster-whisper's
-  `BatchedInferencePipeline` fp32 and int8.
+  `BatchedInferencePipeline` fp32 and int8;
+- on a CPU with native bf16 (`specasr.cpu.bf16.available`), specasr exact `--compute-type
+  int8_bfloat16` too, on each path.
 
 faster-whisper is optional (`pip install "specasr[bench]"`); without it those rows are skipped.
 Run it on a quiet machine: a second busy process makes CTranslate2's threads spin.
@@ -125,9 +127,12 @@ def compile_bytecode() -> None:
     compileall.compile_dir(str(Path(specasr.__file__).parent), quiet=1)
 
 
-def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False) -> list[Row]:
+def rows_for(
+    clip: str, fw_dir: Path | None, threads: int, batched: bool = False, bf16: bool = False
+) -> list[Row]:
     """The commands timed on one clip; batched: also each system's batched, text-only
-    long-form path (VAD, batches of 8 windows, no timestamps), exact fp32 and int8 for specasr."""
+    long-form path (VAD, batches of 8 windows, no timestamps), exact fp32 and int8 for specasr;
+    bf16 (a CPU with native bf16): also specasr exact int8_bfloat16, on each path."""
     cli = [sys.executable, "-m", "specasr", "transcribe", clip]
     rows = [
         Row("specasr transcribe --mode exact", [*cli, "--mode", "exact"]),
@@ -141,6 +146,9 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False
             [*cli, "--mode", "exact", "--compute-type", "int8"],
         ),
     ]
+    both = ["--mode", "exact", "--compute-type", "int8_bfloat16"]
+    if bf16:
+        rows.append(Row(f"specasr transcribe {' '.join(both)}", [*cli, *both]))
     if batched:
         flags = " ".join(BATCHED)
         rows.append(Row(f"specasr transcribe --mode exact {flags}", [*cli, "--mode", "exact", *BATCHED]))
@@ -150,6 +158,8 @@ def rows_for(clip: str, fw_dir: Path | None, threads: int, batched: bool = False
                 [*cli, "--mode", "exact", "--compute-type", "int8", *BATCHED],
             )
         )
+        if bf16:
+            rows.append(Row(f"specasr transcribe {' '.join(both)} {flags}", [*cli, *both, *BATCHED]))
     if fw_dir is not None:
         for ct in ("float32", "int8"):
             cmd = [sys.executable, "-c", FW_SCRIPT, str(fw_dir), ct, str(threads), clip]
@@ -208,6 +218,8 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
     from importlib.resources import files
     from importlib.util import find_spec
 
+    from specasr.cpu import bf16
+
     compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="specasr-whole-"))
     try:
@@ -231,7 +243,7 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
         click.echo(f"{repeats} runs each, interleaved, fresh processes; {os.cpu_count()} cores\n")
         click.echo(table([load], None) + "\n")
         for title, clip, with_batched in clips:
-            rows = rows_for(clip, fw_dir, threads, with_batched)
+            rows = rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available())
             measure(rows, repeats)
             click.echo(f"### {title}\n")
             click.echo(table(rows, "faster-whisper float32" if fw_dir else None) + "\n")

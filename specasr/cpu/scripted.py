@@ -160,11 +160,13 @@ def fixed_attend(
     real weights)."""
     T = q.shape[2]
     n = max(T, rows)
-    s = F.pad(q, [0, 0, 0, n - T]) @ K.transpose(2, 3)  # [B, H, n, N]
-    s = s[:, :, :T]
+    pad = n > T  # a pass of `rows` or more query rows (a window's first pass) pads and copies nothing
+    s = (F.pad(q, [0, 0, 0, n - T]) if pad else q) @ K.transpose(2, 3)  # [B, H, n, N]
+    s = s[:, :, :T] if pad else s
     if mask is not None:
-        s = s.masked_fill(mask.logical_not(), float("-inf"))
-    p = F.pad(torch.softmax(s, dim=-1), [0, 0, 0, n - T])  # [B, H, n, N]
+        s = s.masked_fill_(mask.logical_not(), float("-inf"))  # s is this call's own
+    p = torch.softmax(s, dim=-1)
+    p = F.pad(p, [0, 0, 0, n - T]) if pad else p  # [B, H, n, N]
     if chunk == 0:
         return (p @ V)[:, :, :T]
     y = p[:, :, :, :chunk] @ V[:, :, :chunk]  # [B, H, n, dh]

@@ -14,7 +14,7 @@ from tiny_pairs import random_tiny_pair
 from torch import nn
 
 from specasr.cpu import bf16
-from specasr.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_encoder
+from specasr.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_cross_kv, bf16_encoder
 from specasr.cpu.linear import int8_available
 from specasr.models.loading import resolve_compute_type
 
@@ -65,6 +65,19 @@ def test_a_bf16_encoder_keeps_an_fp32_stream_and_stays_close_to_fp32():
     assert torch.equal(again, got)
 
 
+def test_bf16_cross_kv_projections_give_fp32_k_v_close_to_fp32():
+    """The decoder's cross K/V projections (once per window) become bf16 products; the K/V
+    every step reads stay fp32 [B, H, S, dh], within bf16's rounding of the fp32 ones."""
+    decoder = random_tiny_pair(seed=5).target.model.decoder
+    states = torch.randn(2, 1500, decoder.d_model, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        want = [layer.cross_kv(states) for layer in decoder.layers]
+        got = [layer.cross_kv(states) for layer in bf16_cross_kv(copy.deepcopy(decoder)).layers]
+    for (wk, wv), (gk, gv) in zip(want, got):
+        assert gk.dtype == torch.float32 and gk.shape == wk.shape and gk.is_contiguous()
+        assert 0 < _rel(gk, wk) < 1e-2 and 0 < _rel(gv, wv) < 1e-2
+
+
 def test_bf16_compute_types_need_native_bf16_on_a_cpu_in_fp32(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(bf16, "available", lambda: False)
@@ -104,6 +117,7 @@ def test_an_int8_bfloat16_base_decodes_exactly_against_itself_and_keeps_its_wer(
     pair = load_pair("base", "default", compute_type="int8_bfloat16")
     assert pair.compute_type == "int8_bfloat16"
     assert isinstance(pair.target.model.encoder.layers[0].fc2, Bf16Linear)
+    assert isinstance(pair.target.model.decoder.layers[0].encoder_attn.v_proj, Bf16Linear)
     for clip in librivox:
         ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
         ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))

@@ -1,14 +1,16 @@
-"""bf16 products for the encoder, on CPUs that compute bf16 dot products natively.
+"""bf16 products for the once-per-window work, on CPUs that compute bf16 dot products natively.
 
 `--compute-type bfloat16` / `int8_bfloat16` (as faster-whisper names its types): the
-encoder's matrices are held in bf16 and its products take bf16 inputs with fp32
-accumulation (oneDNN: AVX512_BF16 or AMX). The residual stream, the layer norms' arithmetic,
-the biases and attention stay fp32. On the 2-core Zen 4 dev box a [3000, 512] × [512, 2048]
-product takes 15.7 ms in bf16 against 35.3 ms in fp32. Lossy: the encoder states move by
-bf16's rounding (8 significant bits), so this is a model of its own, like an int8 target;
-speculative decoding stays exact against it, since the target and the draft read the same
-states. Where the instructions are missing, oneDNN emulates bf16 slower than fp32, so the
-loader refuses the type there (`available`).
+encoder's matrices, and the decoder's cross-attention K/V projections (which also run once
+per window, over its 1500 frames), are held in bf16, and their products take bf16 inputs
+with fp32 accumulation (oneDNN: AVX512_BF16 or AMX). The per-token products (the decoder's
+other matrices and the head) keep their own type, fp32 or int8. The residual stream, the
+layer norms' arithmetic, the biases and attention stay fp32. On the 2-core Zen 4 dev box a
+[3000, 512] × [512, 2048] product takes 15.7 ms in bf16 against 35.3 ms in fp32. Lossy: the
+encoder states move by bf16's rounding (8 significant bits), so this is a model of its own,
+like an int8 target; speculative decoding stays exact against it, since the target and the
+draft read the same states and the same cross K/V. Where the instructions are missing,
+oneDNN emulates bf16 slower than fp32, so the loader refuses the type there (`available`).
 
 Within a layer: the norms hand the products bf16 rows (`Bf16Norm`), fc1's output stays bf16
 through GELU into fc2, and every product that feeds the fp32 stream adds its fp32 bias while
@@ -80,3 +82,16 @@ def bf16_encoder(encoder: nn.Module) -> nn.Module:
         layer.self_attn_layer_norm = Bf16Norm(layer.self_attn_layer_norm)
         layer.final_layer_norm = Bf16Norm(layer.final_layer_norm)
     return encoder
+
+
+def bf16_cross_kv(decoder: nn.Module) -> nn.Module:
+    """Makes a Whisper decoder's cross-attention K/V projections bf16 products with fp32
+    outputs, in place: they run once per window over its 1500 frames, as the encoder does
+    (the window's set-up: 50 ms of base's fp32 products on the Zen 4 box). Every step then
+    reads the same fp32 K/V, so a target's passes stay row-invariant (`specasr.cpu.invariant`)."""
+    for layer in decoder.layers:
+        a = layer.encoder_attn
+        for name in ("k_proj", "v_proj"):
+            if not isinstance(getattr(a, name), Bf16Linear):
+                setattr(a, name, Bf16Linear.of(getattr(a, name)))
+    return decoder

@@ -307,6 +307,7 @@ def load_pair(
         quantize_target(t_model)
     if bf16_encoder_type(compute_type):  # one encoder: a distilled draft reads the same states
         bf16.bf16_encoder(t_model.model.encoder)
+        bf16.bf16_cross_kv(t_model.model.decoder)  # before the lean view below takes the projections
         if d_model is not None and not shared:
             bf16.bf16_encoder(d_model.model.encoder)
     if half_weights is None:
@@ -342,7 +343,8 @@ def int8_decoder(compute_type: str) -> bool:
 
 
 def bf16_encoder_type(compute_type: str) -> bool:
-    """Whether a resolved compute type runs the encoder's products in bf16 (`specasr.cpu.bf16`)."""
+    """Whether a resolved compute type runs the once-per-window products in bf16: the encoder's
+    and the cross-attention K/V projections (`specasr.cpu.bf16`)."""
     return compute_type.endswith("bfloat16")
 
 

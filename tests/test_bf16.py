@@ -90,7 +90,11 @@ def test_bf16_compute_types_need_native_bf16_on_a_cpu_in_fp32(monkeypatch):
         assert resolve_compute_type("int8_bfloat16", cpu, torch.float32) == "int8_bfloat16"
     with pytest.raises(ValueError, match="native bf16"):
         resolve_compute_type("bfloat16", cuda, torch.float16)
-    assert resolve_compute_type("auto", cpu, torch.float32, speculative=True) == "float32"  # only by name
+    assert resolve_compute_type("auto", cpu, torch.float32, speculative=True) == "float32"  # a draft: by name
+    if int8_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX"):
+        assert resolve_compute_type("auto", cpu, torch.float32) == "int8_bfloat16"  # target only: fastest
+        monkeypatch.setattr(bf16, "available", lambda: False)
+        assert resolve_compute_type("auto", cpu, torch.float32) == "int8"
 
 
 def test_an_int8_bfloat16_target_speculates_only_with_row_invariant_attention():

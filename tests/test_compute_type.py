@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from specasr.cpu import bf16
 from specasr.cpu.linear import Int8Head, Int8Linear, int8_available
 from specasr.models.loading import resolve_compute_type
 
@@ -120,7 +121,8 @@ def test_the_compute_type_is_resolved_and_int8_needs_a_cpu_in_fp32():
     assert resolve_compute_type("int8", cpu, torch.float32) == "int8"
     assert resolve_compute_type("auto", cpu, torch.float32, speculative=True) == "float32"
     simd = torch.backends.cpu.get_cpu_capability().startswith("AVX")
-    assert resolve_compute_type("auto", cpu, torch.float32) == ("int8" if simd else "float32")
+    auto = resolve_compute_type("auto", cpu, torch.float32)
+    assert auto == ("float32" if not simd else "int8_bfloat16" if bf16.available() else "int8")
     assert resolve_compute_type("auto", cuda, torch.float16) == "float32"
     for device, dtype in ((cpu, torch.bfloat16), (cuda, torch.float16)):
         with pytest.raises(ValueError, match="int8 runs on a CPU in fp32"):

@@ -316,8 +316,9 @@ model_options = _stack(
         show_default=True,
         help="The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "
         "speculative modes give its own greedy tokens. bfloat16 (CPUs with AVX512_BF16 or AMX): "
-        "the encoder's, about 1.4x faster per window, lossy; int8_bfloat16: both. auto: int8 for "
-        "--mode autoregressive on AVX2/AVX-512 CPUs with fbgemm, else float32.",
+        "the once-per-window products, about 1.4x faster per window, lossy; int8_bfloat16: both. "
+        "auto: int8 for --mode autoregressive on AVX2/AVX-512 CPUs with fbgemm (int8_bfloat16 with "
+        "native bf16), else float32.",
     ),
 )
 

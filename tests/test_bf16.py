@@ -97,6 +97,25 @@ def test_bf16_compute_types_need_native_bf16_on_a_cpu_in_fp32(monkeypatch):
         assert resolve_compute_type("auto", cpu, torch.float32) == "int8"
 
 
+def test_the_cli_refuses_a_bf16_compute_type_without_native_bf16_before_loading(tmp_path, monkeypatch):
+    """A usage error (exit 2) that names the missing instructions, before any model loads,
+    in every command that takes --compute-type."""
+    from click.testing import CliRunner
+
+    from specasr.cli import main
+
+    monkeypatch.setattr(bf16, "available", lambda: False)
+    wav = tmp_path / "x.wav"
+    wav.write_bytes(b"")
+    for args in (
+        ["transcribe", str(wav), "--compute-type", "bfloat16"],
+        ["transcribe", str(wav), "--mode", "autoregressive", "--compute-type", "int8_bfloat16"],
+        ["eval", "librispeech-clean", "--data-dir", str(tmp_path), "--compute-type", "bfloat16"],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "native bf16" in result.output, args
+
+
 def test_an_int8_bfloat16_target_speculates_only_with_row_invariant_attention():
     from specasr.decode.loop import speculates_exactly
 

@@ -125,11 +125,23 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
 
 
 def check_compute_type(compute_type: str, modes) -> None:
-    """A usage error (exit 2), before any model loads, for --compute-type int8 with a
+    """A usage error (exit 2), before any model loads, for a bf16 compute type on a CPU
+    without native bf16 (`specasr.cpu.bf16.available`), and for --compute-type int8 with a
     speculative mode on a machine whose BLAS gives no row-invariant attention: there an int8
-    target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The check
-    imports torch, so it runs as the process's start-up (`start_up`)."""
+    target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The checks
+    import torch, so they run as the process's start-up (`start_up`)."""
     modes = [modes] if isinstance(modes, str) else list(modes)
+    if compute_type.endswith("bfloat16"):
+        with start_up():
+            from specasr.cpu import bf16
+
+            native = bf16.available()
+        if not native:
+            raise click.UsageError(
+                f"--compute-type {compute_type} needs a CPU with native bf16 dot products "
+                "(AVX512_BF16 or AMX), and this one has none: emulated bf16 is slower than fp32. "
+                "Use --compute-type int8 or float32"
+            )
     if compute_type.startswith("int8") and (spec := [m for m in modes if m != "autoregressive"]):
         with start_up():
             from specasr.cpu.invariant import fixed_rows

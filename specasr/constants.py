@@ -13,3 +13,18 @@ N_TEXT_CTX = 448  # Whisper's decoder positions
 MODES = ("autoregressive", "baseline", "exact", "sigmoid")  # decoding modes
 VERIFY_MODES = MODES[1:]  # the modes that run a verifier (`specasr.kernels.verify`)
 BACKENDS = ("auto", "triton", "torch")  # verifier backends
+
+# target compute types (`models.loading.resolve_compute_type`): int8 quantises the decoder's
+# per-token products, bfloat16 runs the once-per-window ones in bf16 (`cpu.bf16`), auto picks
+COMPUTE_TYPES = ("auto", "float32", "int8", "bfloat16", "int8_bfloat16")
+
+
+def int8_decoder(compute_type: str) -> bool:
+    """Whether a resolved compute type quantises the target decoder (int8, int8_bfloat16)."""
+    return compute_type.startswith("int8")
+
+
+def bf16_window(compute_type: str) -> bool:
+    """Whether a resolved compute type runs the once-per-window products in bf16: the
+    encoder's and the cross-attention K/V projections (bfloat16, int8_bfloat16)."""
+    return compute_type.endswith("bfloat16")

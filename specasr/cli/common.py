@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
 from specasr.models.presets import PRESETS
 from specasr.options import GAMMA_POLICIES, DecodeOptions
 
@@ -131,29 +132,33 @@ def check_compute_type(compute_type: str, modes) -> None:
     target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The checks
     import torch, so they run as the process's start-up (`start_up`)."""
     modes = [modes] if isinstance(modes, str) else list(modes)
-    if compute_type.endswith("bfloat16"):
-        with start_up():
+    spec = [m for m in modes if m != "autoregressive"]
+    needs_bf16, needs_rows = bf16_window(compute_type), int8_decoder(compute_type) and bool(spec)
+    if not (needs_bf16 or needs_rows):
+        return
+    with start_up():  # once: the first start-up of a process freezes what it leaves
+        native = invariant = True
+        if needs_bf16:
             from specasr.cpu import bf16
 
             native = bf16.available()
-        if not native:
-            raise click.UsageError(
-                f"--compute-type {compute_type} needs a CPU with native bf16 dot products "
-                "(AVX512_BF16 or AMX), and this one has none: emulated bf16 is slower than fp32. "
-                "Use --compute-type int8 or float32"
-            )
-    if compute_type.startswith("int8") and (spec := [m for m in modes if m != "autoregressive"]):
-        with start_up():
+        if needs_rows:
             from specasr.cpu.invariant import fixed_rows
 
             invariant = fixed_rows() > 0
-        if not invariant:
-            raise click.UsageError(
-                f"--compute-type {compute_type} decodes with --mode autoregressive only here, "
-                f"not {', '.join(spec)}: "
-                "this machine's BLAS computes attention rows differently in a k-token verify pass "
-                "and a one-token step. Use --compute-type float32 (or auto) for speculative modes"
-            )
+    if not native:
+        raise click.UsageError(
+            f"--compute-type {compute_type} needs a CPU with native bf16 dot products "
+            "(AVX512_BF16 or AMX), and this one has none: emulated bf16 is slower than fp32. "
+            "Use --compute-type int8 or float32"
+        )
+    if not invariant:
+        raise click.UsageError(
+            f"--compute-type {compute_type} decodes with --mode autoregressive only here, "
+            f"not {', '.join(spec)}: "
+            "this machine's BLAS computes attention rows differently in a k-token verify pass "
+            "and a one-token step. Use --compute-type float32 (or auto) for speculative modes"
+        )
 
 
 def check_loaded(pair, mode: str, language: str | None, task: str) -> None:
@@ -323,7 +328,7 @@ model_options = _stack(
     ),
     click.option(
         "--compute-type",
-        type=click.Choice(["auto", "float32", "int8", "bfloat16", "int8_bfloat16"]),
+        type=click.Choice(COMPUTE_TYPES),
         default="float32",
         show_default=True,
         help="The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "

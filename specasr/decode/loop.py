@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specasr.constants import N_TEXT_CTX
+from specasr.constants import N_TEXT_CTX, int8_decoder
 from specasr.cpu import heap
 from specasr.decode.gamma import make_policy
 from specasr.decode.runners import make_runner, prompt_tail
@@ -132,7 +132,7 @@ def speculates_exactly(pair) -> bool:
     """Whether speculative modes keep the target's greedy tokens with this pair: always in
     fp32 (up to summation order), and for an int8 target when its layers attend row-invariantly
     (`specasr.cpu.invariant`)."""
-    if not getattr(pair, "compute_type", "float32").startswith("int8"):  # int8, int8_bfloat16
+    if not int8_decoder(getattr(pair, "compute_type", "float32")):
         return True
     return all(getattr(layer, "fixed_rows", 0) > 0 for layer in pair.target.model.decoder.layers)
 

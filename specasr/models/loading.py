@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
 from specasr.cpu import bf16, heap
 from specasr.cpu.lean import LeanDecoder, lean_decoder
 from specasr.cpu.linear import int8_available
@@ -305,7 +306,7 @@ def load_pair(
         d_model.model.encoder = t_model.model.encoder
     if int8_decoder(compute_type):  # after the draft took what it shares (embeddings, head rows)
         quantize_target(t_model)
-    if bf16_encoder_type(compute_type):  # one encoder: a distilled draft reads the same states
+    if bf16_window(compute_type):  # one encoder: a distilled draft reads the same states
         bf16.bf16_encoder(t_model.model.encoder)
         bf16.bf16_cross_kv(t_model.model.decoder)  # before the lean view below takes the projections
         if d_model is not None and not shared:
@@ -332,20 +333,6 @@ def load_pair(
         draft_name=f"{draft} (int8)" if draft_file is not None and draft_int8 else draft,
         compute_type=compute_type,
     )
-
-
-COMPUTE_TYPES = ("auto", "float32", "int8", "bfloat16", "int8_bfloat16")
-
-
-def int8_decoder(compute_type: str) -> bool:
-    """Whether a resolved compute type quantises the target decoder (int8, int8_bfloat16)."""
-    return compute_type.startswith("int8")
-
-
-def bf16_encoder_type(compute_type: str) -> bool:
-    """Whether a resolved compute type runs the once-per-window products in bf16: the encoder's
-    and the cross-attention K/V projections (`specasr.cpu.bf16`)."""
-    return compute_type.endswith("bfloat16")
 
 
 def resolve_compute_type(
@@ -379,7 +366,7 @@ def resolve_compute_type(
             f"here: device {device.type}, dtype {str(dtype).removeprefix('torch.')}, "
             f"fbgemm {'yes' if int8_available() else 'no'}"
         )
-    if bf16_encoder_type(compute_type) and not (cpu32 and bf16.available()):
+    if bf16_window(compute_type) and not (cpu32 and bf16.available()):
         raise ValueError(
             f"compute type {compute_type} runs on a CPU in fp32 with native bf16 dot products "
             "(AVX512_BF16 or AMX), where it is about 2x faster per encoder product; elsewhere bf16 is "

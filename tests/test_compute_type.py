@@ -287,3 +287,37 @@ def test_base_in_int8_transcribes_the_clips_as_fp32_does(librivox):
     refs = [c.text for c in librivox]
     assert wer(refs, texts["int8"]) <= wer(refs, texts["float32"]) + 0.01
     assert sum(a == b for a, b in zip(texts["int8"], texts["float32"])) >= len(librivox) - 1
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_a_prompts_rows_skip_the_last_layer_but_keep_their_keys_and_values(monkeypatch, int8):
+    """A window's first pass over a prompt scores only its last rows: the last layer computes
+    the others' keys and values and nothing else (`LeanRunner`, `SKIP_ROWS`). The scored
+    logits and every cached key and value, and the next pass's logits, are those of the whole
+    pass: bitwise for an int8 target (per-row products), to float rounding in fp32."""
+    from tiny_pairs import random_tiny_pair
+
+    import specasr.cpu.lean as lean
+    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    from specasr.models.whisper import quantize_target
+
+    model = random_tiny_pair(seed=5).target
+    model = quantize_target(copy.deepcopy(model)) if int8 else model
+    decoder = LeanDecoder(model)
+    g = torch.Generator().manual_seed(6)
+    states = torch.randn(1, 1500, model.config.d_model, generator=g)
+    prompt, step = torch.randint(0, 50000, (1, 30), generator=g), torch.randint(0, 50000, (1, 3), generator=g)
+    seen = []
+    last = decoder.layers[-1]
+    monkeypatch.setattr(last, "forward", lambda x, *a, _f=last.forward, **k: seen.append(x.shape[1]) or _f(x, *a, **k))
+    out = {}
+    for skip in (lean.SKIP_ROWS, 10**9):
+        monkeypatch.setattr(lean, "SKIP_ROWS", skip)
+        runner = LeanRunner(decoder, states)
+        with torch.inference_mode():
+            first, nxt = runner(prompt, 4), runner(step, 3)
+        out[skip] = (first, nxt, [t[:, :, :33] for t in runner.k + runner.v])
+    assert seen == [4, 3, 30, 3]  # the skipping pass's last layer saw only the scored rows
+    same = torch.equal if int8 else (lambda a, b: torch.allclose(a, b, atol=1e-5, rtol=1e-4))
+    (f1, n1, c1), (f2, n2, c2) = out[lean.SKIP_ROWS], out[10**9]
+    assert same(f1, f2) and same(n1, n2) and all(same(a, b) for a, b in zip(c1, c2))

@@ -126,6 +126,11 @@ def lean_decoder(model) -> LeanDecoder:
     return cached[2]
 
 
+# rows before a pass's scored ones from which its last layer computes only their keys and
+# values (a window's first pass over a prompt): their outputs feed nothing but unread logits
+SKIP_ROWS = 8
+
+
 class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
     `specasr.decode.runners.Runner` Protocol (call, rollback, keep, lengths): every row at
@@ -175,13 +180,27 @@ class LeanRunner:
             x, mask, write = self._ragged(tokens, P)
             if self.fixed:
                 mask = fixed_mask(write[:, 0, :, 0], N_TEXT_CTX)
+        layers = list(zip(self.decoder.layers, self.k, self.v, self.cross))
         with unoptimized_script():
-            for layer, K, V, (ck, cv) in zip(self.decoder.layers, self.k, self.v, self.cross):
+            for layer, K, V, (ck, cv) in layers[:-1]:
                 x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
+            layer, K, V, (ck, cv) = layers[-1]
+            skip = T - last if write is None and T - last >= SKIP_ROWS else 0
+            if skip:  # a prompt: the last layer keeps only its rows' keys and values
+                layer.write_kv(x[:, :skip], K, V, start)
+                x, mask = x[:, skip:], self._tail_mask(mask, start, T, skip)
+            x = layer(x, ck, cv, mask, cache=(K, V), start=start + skip, write=write)
         self.lengths = [p + T for p in P]
         if reduced:
             return self.decoder.reduced_logits(x[:, -last:])
         return self.decoder.logits(x[:, -last:])
+
+    def _tail_mask(self, mask: Tensor | None, start: int, T: int, skip: int) -> Tensor | None:
+        """The uniform pass's mask for its query rows from `skip` on (keys unchanged)."""
+        if self.fixed:  # [1, 1, T, N]: N from the greatest position, which the tail keeps
+            return mask[:, :, skip:]
+        n = T - skip
+        return None if n == 1 else mask[skip:]  # [n, start+T]; one query row sees every key
 
     def _ragged(self, tokens: Tensor, P: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         """Rows at different lengths P: hidden [B, T, d] with each row's positions, the mask

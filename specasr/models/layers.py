@@ -102,6 +102,20 @@ class DecoderLayer(nn.Module):
         a = self.encoder_attn
         return self._split(a.k_proj(states)).contiguous(), self._split(a.v_proj(states)).contiguous()
 
+    def write_kv(self, x: Tensor, K: Tensor, V: Tensor, start: int) -> None:
+        """Only the self-attention keys and values of x [B, T, d] (rows alike, at positions
+        start … start+T-1), written into the cache K, V [B, H, 448, dh]: what a layer keeps
+        of rows whose own outputs nothing reads (`specasr.cpu.lean.LeanRunner`'s last layer
+        over a prompt). The same products as `forward`'s, per row: an int8 target's rows
+        are bitwise those a whole pass writes."""
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        if hasattr(a, "qkv_proj"):
+            _, k, v = a.qkv_proj(h).chunk(3, dim=-1)
+        else:
+            k, v = a.k_proj(h), a.v_proj(h)
+        write_cache(self._split(k), self._split(v), K, V, start, None)
+
     def forward(
         self,
         x: Tensor,  # [B, T, d] at positions start … start+T-1

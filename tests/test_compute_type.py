@@ -309,7 +309,8 @@ def test_a_prompts_rows_skip_the_last_layer_but_keep_their_keys_and_values(monke
     prompt, step = torch.randint(0, 50000, (1, 30), generator=g), torch.randint(0, 50000, (1, 3), generator=g)
     seen = []
     last = decoder.layers[-1]
-    monkeypatch.setattr(last, "forward", lambda x, *a, _f=last.forward, **k: seen.append(x.shape[1]) or _f(x, *a, **k))
+    forward = last.forward
+    monkeypatch.setattr(last, "forward", lambda x, *a, **k: seen.append(x.shape[1]) or forward(x, *a, **k))
     out = {}
     for skip in (lean.SKIP_ROWS, 10**9):
         monkeypatch.setattr(lean, "SKIP_ROWS", skip)

@@ -172,8 +172,8 @@ def test_the_attention_probe_finds_a_row_count_here_and_fails_a_shape_dependent_
     g = torch.Generator().manual_seed(1)
     assert invariant._row_invariant(invariant.fixed_rows(), 1500, 0, g)
 
-    def shape_dependent(q, K, V, mask, rows, chunk):  # rows differ in the last bit with T
-        y = fixed_attend(q, K, V, mask, rows, chunk)
+    def shape_dependent(q, K, V, mask, rows, chunk, kt=False):  # rows differ in the last bit with T
+        y = fixed_attend(q, K, V, mask, rows, chunk, kt)
         return y * (1 + 1e-7 * q.shape[2])
 
     monkeypatch.setattr(invariant, "fixed_attend", shape_dependent)
@@ -203,6 +203,37 @@ def test_fixed_attention_is_row_invariant_and_close_to_plain_attention():
         q[:1, :, 2:3], K[:1, :, :128], V[:1, :, :128], mask[:1, :, 2:3, :128], rows, SELF_CHUNK
     )
     assert torch.equal(one, full[:1, :, 2:3])
+    # cross-attention reads Kᵀ [B, H, dh, S] (kt): the same attention, each row alike
+    Kc, Vc = torch.randn(2, 2, 8, 1500, 64, generator=g)
+    Kt = Kc.transpose(2, 3).contiguous()
+    cross = fixed_attend(q, Kt, Vc, None, rows, 0, True)
+    assert torch.allclose(cross, F.scaled_dot_product_attention(q, Kc, Vc, scale=1.0), atol=1e-5)
+    assert torch.equal(fixed_attend(q[1:, :, 4:5], Kt[1:], Vc[1:], None, rows, 0, True), cross[1:, :, 4:5])
+
+
+def test_an_int8_targets_runner_holds_k_transposed_and_a_draft_shares_it_as_k():
+    """An int8 target's runner keeps each layer's cross K as Kᵀ [B, H, dh, S], contiguous
+    (its attention's scores are then a plain product); a draft on the same states gets the
+    K [B, H, S, dh] every other runner reads (`plain_cross`), equal to its own computation."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    from specasr.models.whisper import quantize_target
+
+    model = quantize_target(copy.deepcopy(random_tiny_pair(seed=5).target))
+    decoder = LeanDecoder(model)
+    states = torch.randn(2, 1500, model.config.d_model, generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        runner = LeanRunner(decoder, states)
+        plain = [layer.cross_kv(states) for layer in decoder.layers]
+    assert runner.fixed
+    for (kt, v), (k, v0), (pk, pv) in zip(runner.cross, plain, runner.plain_cross()):
+        assert kt.is_contiguous() and kt.shape == (2, k.shape[1], k.shape[3], 1500)
+        assert torch.equal(kt, k.transpose(2, 3)) and torch.equal(v, v0)
+        assert torch.equal(pk, k) and torch.equal(pv, v0)
+    with torch.inference_mode():  # given K [B, H, S, dh], a fixed runner stores it as Kᵀ
+        again = LeanRunner(decoder, states, runner.plain_cross())
+    assert all(torch.equal(a[0], b[0]) and a[0].is_contiguous() for a, b in zip(again.cross, runner.cross))
 
 
 @pytest.mark.slow

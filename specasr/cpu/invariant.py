@@ -15,9 +15,9 @@ few rows through small-matrix kernels, and from some row count on every row of a
 computed by the same blocked GEMM with the same summation order. `fixed_rows()` finds that
 count on this machine, with its thread count, by trying it: it checks, for each candidate,
 that rows computed in calls of many shapes (1 to 40 query rows, one or two batch rows, the
-448 self-attention and 1500 cross-attention keys) are bitwise those of one large call. With
-MKL on an AVX2 CPU it is 4. When no candidate passes, an int8 target decodes
-autoregressively only (`specasr.decode.loop`).
+448 self-attention keys and the 1500 cross-attention keys, given as Kᵀ as decoding gives
+them) are bitwise those of one large call. With MKL on an AVX2 CPU it is 4. When no
+candidate passes, an int8 target decodes autoregressively only (`specasr.decode.loop`).
 """
 
 from __future__ import annotations
@@ -44,14 +44,18 @@ def _row_invariant(rows: int, keys: int, chunk: int, g: torch.Generator) -> bool
     pos = torch.randint(0, keys, (B, T), generator=g)  # a key position per query row
     pos[:, :20] %= 3 * max(chunk, 1)  # half the rows early in the cache, where passes read few chunks
     mask = (torch.arange(keys) <= pos[:, :, None]).unsqueeze(1)  # [B, 1, T, N]
-    full = fixed_attend(q, K, V, mask, rows, chunk)
+    kt = chunk == 0  # cross-attention reads Kᵀ (`specasr.models.layers.DecoderLayer.cross_kv`)
+    if kt:
+        K = K.transpose(2, 3).contiguous()  # [B, H, dh, N]
+    full = fixed_attend(q, K, V, mask, rows, chunk, kt)
     for b0, b1 in ((0, 2), (1, 2), (0, 1)):
         for t0, t1 in ((0, 1), (5, 6), (3, 5), (9, 12), (7, 15), (10, 19), (12, 25), (2, 40)):
             n = keys
             if chunk:  # the part's greatest length, rounded up to whole chunks
                 n = min(keys, (int(pos[b0:b1, t0:t1].max()) + chunk) // chunk * chunk)
+            Kp = K[b0:b1] if kt else K[b0:b1, :, :n]  # (n = N for cross-attention)
             part = fixed_attend(
-                q[b0:b1, :, t0:t1], K[b0:b1, :, :n], V[b0:b1, :, :n], mask[b0:b1, :, t0:t1, :n], rows, chunk
+                q[b0:b1, :, t0:t1], Kp, V[b0:b1, :, :n], mask[b0:b1, :, t0:t1, :n], rows, chunk, kt
             )
             if not torch.equal(part, full[b0:b1, :, t0:t1]):
                 return False

@@ -137,16 +137,20 @@ class LeanRunner:
     its own length."""
 
     def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
-        """cross: per layer precomputed cross K/V for these states, or None to compute it."""
+        """cross: per layer precomputed cross K, V [B, H, S, dh] for these states, or None to
+        compute it."""
         self.decoder = decoder
         self.states = states  # [B, S, d]
         B = states.shape[0]
         self.lengths = [0] * B  # per row: positions the cache holds
-        cross = cross or [None] * len(decoder.layers)
-        with torch.inference_mode():  # per layer K, V [B, H, S, dh]
-            self.cross = [kv or layer.cross_kv(states) for kv, layer in zip(cross, decoder.layers)]
         # an int8 target's layers attend row-invariantly over a `fixed_mask` (`specasr.cpu.invariant`)
         self.fixed = getattr(decoder.layers[0], "fixed_rows", 0) > 0
+        cross = cross or [None] * len(decoder.layers)
+        with torch.inference_mode():  # per layer K [B, H, S, dh] (fixed: Kᵀ [B, H, dh, S]), V [B, H, S, dh]
+            self.cross = [
+                layer.cross_kv(states, self.fixed) if kv is None else self._own(*kv)
+                for kv, layer in zip(cross, decoder.layers)
+            ]
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
@@ -194,6 +198,14 @@ class LeanRunner:
         if reduced:
             return self.decoder.reduced_logits(x[:, -last:])
         return self.decoder.logits(x[:, -last:])
+
+    def _own(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """A given cross K, V [B, H, S, dh] in this runner's layout, contiguous."""
+        return (k.transpose(2, 3) if self.fixed else k).contiguous(), v.contiguous()
+
+    def plain_cross(self) -> list[tuple[Tensor, Tensor]]:
+        """Per layer the cross K, V [B, H, S, dh] (views), for a draft that shares them."""
+        return [(k.transpose(2, 3), v) if self.fixed else (k, v) for k, v in self.cross]
 
     def _tail_mask(self, mask: Tensor | None, start: int, T: int, skip: int) -> Tensor | None:
         """The uniform pass's mask for its query rows from `skip` on (keys unchanged)."""

@@ -142,10 +142,13 @@ def fixed_attend(
     mask: Optional[Tensor],  # noqa: UP045
     rows: int,
     chunk: int,
+    kt: bool = False,
 ) -> Tensor:
     """Attention whose every query row is computed bitwise alike however many rows and
     batch rows share the call: q [B, H, T, dh] (scaled), K, V [B, H, N, dh], mask None or
-    [B or 1, 1, T, N] bool (True = attend) -> [B, H, T, dh].
+    [B or 1, 1, T, N] bool (True = attend) -> [B, H, T, dh]. kt: K is given as Kᵀ
+    [B, H, dh, N], contiguous (cross-attention, `cross_t`): the scores are then a plain
+    product, a sixth faster than over a transposed view at 1–8 query rows.
 
     A BLAS product's summation order depends on its shape: one query row goes through a
     matrix-vector kernel, a few more through small-matrix kernels, and from some row count
@@ -161,7 +164,7 @@ def fixed_attend(
     T = q.shape[2]
     n = max(T, rows)
     pad = n > T  # a pass of `rows` or more query rows (a window's first pass) pads and copies nothing
-    s = (F.pad(q, [0, 0, 0, n - T]) if pad else q) @ K.transpose(2, 3)  # [B, H, n, N]
+    s = (F.pad(q, [0, 0, 0, n - T]) if pad else q) @ (K if kt else K.transpose(2, 3))  # [B, H, n, N]
     s = s[:, :, :T] if pad else s
     if mask is not None:
         s = s.masked_fill_(mask.logical_not(), float("-inf"))  # s is this call's own
@@ -277,7 +280,7 @@ def int8_layer_step(
     rows: int,  # an int8 target: `fixed_attend`'s least query rows per product (0: plain attention)
     K: Tensor,  # [B, H, 448, dh] self-attention cache
     V: Tensor,
-    cross_k: Tensor,  # [B, H, S, dh]
+    cross_k: Tensor,  # [B, H, S, dh]; rows > 0: Kᵀ [B, H, dh, S] (`specasr.models.layers.cross_t`)
     cross_v: Tensor,
     mask: Optional[Tensor],  # noqa: UP045  [T, start+T] or [B, 1, T, start+T] bool; None: T == 1
     # (an int8 target: `fixed_mask`, [B or 1, 1, T, N])
@@ -299,7 +302,7 @@ def int8_layer_step(
     x = x + int8_product(y, out, out_b, per_row).view(shape)
     q = _heads(int8_product(_norm(x, ln2_w, ln2_b, eps), cross_q, cross_q_b, per_row) * scale, B, heads)
     if rows > 0:
-        y = _merge(fixed_attend(q, cross_k, cross_v, None, rows, 0))
+        y = _merge(fixed_attend(q, cross_k, cross_v, None, rows, 0, True))  # cross_k: Kᵀ
     else:
         y = _merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0))
     x = x + int8_product(y, cross_out, cross_out_b, per_row).view(shape)

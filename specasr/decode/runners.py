@@ -64,7 +64,7 @@ def make_runner(model, encoder_states: Tensor, target: Runner | None = None) -> 
     draft on the same states may reuse."""
     if isinstance(model, BringsRunner):
         shared = isinstance(target, LeanRunner) and target.states is encoder_states
-        return model.runner(encoder_states, target.cross if shared else None)
+        return model.runner(encoder_states, target.plain_cross() if shared else None)
     if LeanDecoder.supports(model):
         return LeanRunner(lean_decoder(model), encoder_states)
     return LeanRunner(model.model.decoder, encoder_states)

@@ -96,11 +96,13 @@ class DecoderLayer(nn.Module):
     def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
         return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
 
-    def cross_kv(self, states: Tensor) -> tuple[Tensor, Tensor]:
+    def cross_kv(self, states: Tensor, kt: bool = False) -> tuple[Tensor, Tensor]:
         """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
-        step, and a strided K/V would be copied by every call."""
+        step, and a strided K/V would be copied by every call. kt: Kᵀ [B, H, dh, S] instead,
+        what a cached pass of a layer with `fixed_rows` reads (`specasr.cpu.lean.LeanRunner`)."""
         a = self.encoder_attn
-        return self._split(a.k_proj(states)).contiguous(), self._split(a.v_proj(states)).contiguous()
+        k, v = self._split(a.k_proj(states)), self._split(a.v_proj(states)).contiguous()
+        return (k.transpose(2, 3) if kt else k).contiguous(), v
 
     def write_kv(self, x: Tensor, K: Tensor, V: Tensor, start: int) -> None:
         """Only the self-attention keys and values of x [B, T, d] (rows alike, at positions
@@ -119,7 +121,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,  # [B, T, d] at positions start … start+T-1
-        cross_k: Tensor,  # [B, H, S, dh]
+        cross_k: Tensor,  # [B, H, S, dh]; with fixed_rows and a cache: Kᵀ [B, H, dh, S] (`cross_kv`)
         cross_v: Tensor,
         mask: Tensor | None,  # [T, start+T] or [B, 1, T, start+T] bool (True = attend); None: T == 1
         cache: tuple[Tensor, Tensor] | None = None,  # preallocated self-attention K, V [B, H, 448, dh]
@@ -159,7 +161,7 @@ class DecoderLayer(nn.Module):
         c = self.encoder_attn
         q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
         if fixed:
-            y = fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0)
+            y = fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0, True)  # cross_k: Kᵀ
         else:
             y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
         x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))

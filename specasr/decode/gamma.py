@@ -93,7 +93,9 @@ CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 # c grows too. Base fp32 with its packaged draft on the 2-core dev CPU at f2392a0 (passes over
 # B uniform rows × k tokens and draft steps, medians of 20; v(7) interpolated; what they changed:
 # docs/benchmarks.md, "Long-form, in-process"). An int8 target's curves are flatter (its c 0.22–
-# 0.28, v(8) 1.44–1.80): these make it choose a γ a little short, never a losing one.
+# 0.28, v(8) 1.44–1.80): these make it choose a γ a little short, never a losing one. On a Zen 4
+# (AVX-512, session 18) fp32 measured close: B = 4 c 0.185, v(2, 4, 8) 1.07, 1.41, 1.73; B = 8
+# c 0.34, v 1.29, 1.89, 2.38 (passes over B uniform rows and draft steps, medians of 40).
 CPU_BATCH_COSTS = {
     2: SpeculationCost(0.164, {1: 1.0, 2: 1.11, 3: 1.32, 4: 1.35, 5: 1.43, 6: 1.52, 7: 1.57, 8: 1.62}),
     4: SpeculationCost(0.203, {1: 1.0, 2: 1.07, 3: 1.26, 4: 1.44, 5: 1.58, 6: 1.70, 7: 1.82, 8: 1.93}),

@@ -192,7 +192,7 @@ class LeanRunner:
             skip = T - last if write is None and T - last >= SKIP_ROWS else 0
             if skip:  # a prompt: the last layer keeps only its rows' keys and values
                 layer.write_kv(x[:, :skip], K, V, start)
-                x, mask = x[:, skip:], self._tail_mask(mask, start, T, skip)
+                x, mask = x[:, skip:], self._tail_mask(mask, T, skip)
             x = layer(x, ck, cv, mask, cache=(K, V), start=start + skip, write=write)
         self.lengths = [p + T for p in P]
         if reduced:
@@ -207,7 +207,7 @@ class LeanRunner:
         """Per layer the cross K, V [B, H, S, dh] (views), for a draft that shares them."""
         return [(k.transpose(2, 3), v) if self.fixed else (k, v) for k, v in self.cross]
 
-    def _tail_mask(self, mask: Tensor | None, start: int, T: int, skip: int) -> Tensor | None:
+    def _tail_mask(self, mask: Tensor | None, T: int, skip: int) -> Tensor | None:
         """The uniform pass's mask for its query rows from `skip` on (keys unchanged)."""
         if self.fixed:  # [1, 1, T, N]: N from the greatest position, which the tail keeps
             return mask[:, :, skip:]

@@ -147,8 +147,8 @@ def fixed_attend(
     """Attention whose every query row is computed bitwise alike however many rows and
     batch rows share the call: q [B, H, T, dh] (scaled), K, V [B, H, N, dh], mask None or
     [B or 1, 1, T, N] bool (True = attend) -> [B, H, T, dh]. kt: K is given as Kᵀ
-    [B, H, dh, N], contiguous (cross-attention, `cross_t`): the scores are then a plain
-    product, a sixth faster than over a transposed view at 1–8 query rows.
+    [B, H, dh, N], contiguous (cross-attention, `DecoderLayer.cross_kv(kt=True)`): the scores
+    are then a plain product, up to a sixth faster than over a transposed view (B = 8).
 
     A BLAS product's summation order depends on its shape: one query row goes through a
     matrix-vector kernel, a few more through small-matrix kernels, and from some row count
@@ -280,7 +280,7 @@ def int8_layer_step(
     rows: int,  # an int8 target: `fixed_attend`'s least query rows per product (0: plain attention)
     K: Tensor,  # [B, H, 448, dh] self-attention cache
     V: Tensor,
-    cross_k: Tensor,  # [B, H, S, dh]; rows > 0: Kᵀ [B, H, dh, S] (`specasr.models.layers.cross_t`)
+    cross_k: Tensor,  # [B, H, S, dh]; rows > 0: Kᵀ [B, H, dh, S] (`DecoderLayer.cross_kv`)
     cross_v: Tensor,
     mask: Optional[Tensor],  # noqa: UP045  [T, start+T] or [B, 1, T, start+T] bool; None: T == 1
     # (an int8 target: `fixed_mask`, [B or 1, 1, T, N])

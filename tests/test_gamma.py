@@ -8,6 +8,7 @@ import pytest
 
 from specasr.decode.gamma import (
     CPU_BATCH_COSTS,
+    CPU_BATCH_COSTS_INT8,
     CPU_COST,
     AdaptiveGamma,
     AnalyticGamma,
@@ -149,6 +150,53 @@ def test_backoff_shortens_gamma_for_a_batch_and_not_for_one_row():
     q = BackoffGamma(FixedGamma(2), CPU_COST, CPU_BATCH_COSTS)
     assert q.next(8) <= 2  # never longer than the policy's own γ
     assert make_policy("backoff", 7, 16, "cuda").next(8) == 7  # batch costs are CPU measurements
+
+
+def test_an_int8_target_is_judged_by_its_own_flatter_batch_curves():
+    """`CPU_BATCH_COSTS_INT8`: an int8 target's passes over k tokens cost little more than one
+    step, so at B = 8 its γ is longer, and a draft agreeing 0.6 per token keeps speculating
+    (about 1.2× by its curve) where the fp32 curve would judge it a loss and fall back."""
+    for cost in CPU_BATCH_COSTS_INT8.values():
+        assert list(cost.verify) == list(range(1, 9))
+        assert all(cost.verify[k] <= cost.verify[k + 1] for k in range(1, 8))
+    assert all(CPU_BATCH_COSTS_INT8[b].verify[4] < CPU_BATCH_COSTS[b].verify[4] for b in (2, 4, 8))
+    assert make_policy("auto", 7, 16, "cpu", int8_target=True).batch is CPU_BATCH_COSTS_INT8
+    assert make_policy("auto", 7, 16, "cpu").batch is CPU_BATCH_COSTS
+    assert make_policy("backoff", 7, 16, "cuda", int8_target=True).batch == {}
+
+    def run(int8: bool, per_row: list[int], passes: int = 12) -> list[int]:
+        p = make_policy("backoff", 7, 16, "cpu", int8_target=int8)
+        gammas = []
+        for _ in range(passes):
+            g = p.next(8)
+            gammas.append(g)
+            if g:
+                p.update(g, min(per_row), per_row=[min(n, g) for n in per_row])
+        return gammas
+
+    good = [3, 2, 3, 4, 1, 3, 3, 2]  # every row about 0.8 per token
+    assert run(True, good)[-1] > run(False, good)[-1] >= 1
+    poor = [1, 0, 2, 1, 0, 1, 2, 1]  # about 0.55–0.6 per token at γ 2–3
+    assert 0 not in run(True, poor) and 0 in run(False, poor)
+
+
+def test_the_loop_asks_for_the_int8_curves_for_an_int8_target(monkeypatch):
+    import torch
+
+    import specasr.decode.loop as loop
+
+    built = []
+
+    def spy(*a, **k):
+        built.append(make_policy(*a, **k))
+        return built[-1]
+
+    monkeypatch.setattr(loop, "make_policy", spy)
+    types = (("int8_bfloat16", True), ("int8", True), ("bfloat16", False), ("float32", False))
+    for compute_type, int8 in types:
+        pair = type("Pair", (), {"device": torch.device("cpu"), "compute_type": compute_type})()
+        loop.DecodeLoop(pair, loop.DecodeOptions(), None, None, None)
+        assert built.pop().batch is (CPU_BATCH_COSTS_INT8 if int8 else CPU_BATCH_COSTS)
 
 
 def test_backoff_counts_every_row_of_a_batch_not_the_least_accepting_one():

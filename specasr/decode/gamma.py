@@ -93,13 +93,25 @@ CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 # c grows too. Base fp32 with its packaged draft on the 2-core dev CPU at f2392a0 (passes over
 # B uniform rows × k tokens and draft steps, medians of 20; v(7) interpolated; what they changed:
 # docs/benchmarks.md, "Long-form, in-process"). An int8 target's curves are flatter (its c 0.22–
-# 0.28, v(8) 1.44–1.80): these make it choose a γ a little short, never a losing one. On a Zen 4
-# (AVX-512, session 18) fp32 measured close: B = 4 c 0.185, v(2, 4, 8) 1.07, 1.41, 1.73; B = 8
-# c 0.34, v 1.29, 1.89, 2.38 (passes over B uniform rows and draft steps, medians of 40).
+# 0.28, v(8) 1.44–1.80: `CPU_BATCH_COSTS_INT8`). On a Zen 4 (AVX-512) fp32 measured close:
+# B = 8 c 0.25, v(2, 4, 8) 1.25, 1.85, 2.65 (`python -m specasr.research.batch_costs`, session 18).
 CPU_BATCH_COSTS = {
     2: SpeculationCost(0.164, {1: 1.0, 2: 1.11, 3: 1.32, 4: 1.35, 5: 1.43, 6: 1.52, 7: 1.57, 8: 1.62}),
     4: SpeculationCost(0.203, {1: 1.0, 2: 1.07, 3: 1.26, 4: 1.44, 5: 1.58, 6: 1.70, 7: 1.82, 8: 1.93}),
     8: SpeculationCost(0.296, {1: 1.0, 2: 1.32, 3: 1.53, 4: 1.85, 5: 2.04, 6: 2.34, 7: 2.43, 8: 2.51}),
+}
+
+
+# The same for an int8 target (`compute_type` int8 or int8_bfloat16: per-row int8 products,
+# row-invariant attention). Its passes over k tokens cost far less more than one step (v(4) 1.2
+# against fp32's 1.85 at B = 8), so the fp32 table cut its γ to 2 where 3 is best and judged
+# α 0.6 a loss (0.99×) where speculation gains about 1.2×. `python -m
+# specasr.research.batch_costs --rows 2,4,8 --repeats 30 --compute-type int8` on the 2-core
+# Zen 4 at a9b6f2d+, the mean of two runs (docs/benchmarks.md, "Batch cost curves").
+CPU_BATCH_COSTS_INT8 = {
+    2: SpeculationCost(0.258, {1: 1.0, 2: 1.00, 3: 1.03, 4: 1.08, 5: 1.18, 6: 1.25, 7: 1.38, 8: 1.40}),
+    4: SpeculationCost(0.245, {1: 1.0, 2: 1.07, 3: 1.14, 4: 1.18, 5: 1.33, 6: 1.42, 7: 1.57, 8: 1.57}),
+    8: SpeculationCost(0.217, {1: 1.0, 2: 1.08, 3: 1.17, 4: 1.21, 5: 1.42, 6: 1.49, 7: 1.67, 8: 1.73}),
 }
 
 
@@ -329,6 +341,7 @@ def make_policy(
     device: str = "cpu",
     cost: SpeculationCost | None = None,
     untrained: bool = False,
+    int8_target: bool = False,
 ) -> GammaPolicy:
     """`auto` is fixed with backoff on CPU, where verifying k tokens costs more with every k
     (so long drafts that are all accepted are not worth growing, and a draft that agrees
@@ -336,12 +349,13 @@ def make_policy(
     where a pass over 2–20 tokens costs about one step. `backoff` is fixed with backoff on
     any device. Fixed, adaptive and backoff are deterministic, so seeded sampling repeats
     exactly; analytic is not (its γ follows measured times). cost: the stored cost curve
-    for backoff at one row (default `CPU_COST`; on a CPU batches use `CPU_BATCH_COSTS`);
-    untrained: the draft never saw the decode's language (backoff starts target-only)."""
+    for backoff at one row (default `CPU_COST`; on a CPU batches use `CPU_BATCH_COSTS`, or
+    `CPU_BATCH_COSTS_INT8` for an int8 target: `int8_target`); untrained: the draft never saw
+    the decode's language (backoff starts target-only)."""
     if name == "auto":
         name = "backoff" if device == "cpu" else "adaptive"
     if name == "backoff":
-        batch = CPU_BATCH_COSTS if device == "cpu" else {}
+        batch = (CPU_BATCH_COSTS_INT8 if int8_target else CPU_BATCH_COSTS) if device == "cpu" else {}
         return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, batch, untrained=untrained)
     if name == "fixed":
         return FixedGamma(gamma)

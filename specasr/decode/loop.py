@@ -46,6 +46,7 @@ class DecodeLoop:
             pair.device.type,
             getattr(pair, "cost", None),  # a draft's stored cost curve, for the backoff policy
             untrained,
+            int8_decoder(getattr(pair, "compute_type", "float32")),  # its batch cost curves
         )
         clock = Clock(stats, pair.device, options.timing or self.policy.wants_times)
         gen = torch.Generator(device=pair.device).manual_seed(options.seed)

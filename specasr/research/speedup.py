@@ -145,33 +145,47 @@ class StepCosts:
         return "| pass | ms |\n|---|---|\n" + "\n".join(f"| {k} | {v:.1f} |" for k, v in rows)
 
 
-def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20) -> StepCosts:
+def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20, eager: bool = True) -> StepCosts:
     """Times one target pass over k new tokens (decoder + output projection) for each k, and
-    one draft step."""
+    one draft step, over every row of mel [B, 80, 3000] (B uniform rows: a batch of windows).
+    eager: also the model's own layers, where the CPU forms replace them. The passes run
+    round-robin, every k (and the draft step) once per round, so a slow spell of a noisy
+    machine lands on all of them instead of bending the curve v(k)."""
     import torch
 
     from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.decode.runners import make_runner
 
     target_states, draft_states = pair.encode(mel)
-    prefix = torch.tensor([pair.tokenizer.sot_sequence("en", "transcribe", False)], device=pair.device)
-    new = torch.tensor([pair.tokenizer.encode(" one two three four five six seven eight nine")[:8]])
+    rows = mel.shape[0]
+    prefix = torch.tensor([pair.tokenizer.sot_sequence("en", "transcribe", False)] * rows, device=pair.device)
+    new = torch.tensor([pair.tokenizer.encode(" one two three four five six seven eight nine")[:8]] * rows)
+    new = new.to(pair.device)
 
-    def median_ms(runner, k: int) -> float:
-        runner(prefix, 1)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            runner(new[:, :k].to(pair.device), k)
-            times.append(time.perf_counter() - t0)
-            runner.rollback(prefix.shape[1])
-        return 1e3 * statistics.median(times)
-
-    costs = StepCosts({k: median_ms(make_runner(pair.target, target_states), k) for k in ks})
-    if LeanDecoder.supports(pair.target):  # the eager layers the CPU forms replace, for comparison
-        costs.eager = {k: median_ms(LeanRunner(pair.target.model.decoder, target_states), k) for k in ks}
+    runners = {"target": make_runner(pair.target, target_states)}
+    if eager and LeanDecoder.supports(pair.target):  # the eager layers the CPU forms replace, for comparison
+        runners["eager"] = LeanRunner(pair.target.model.decoder, target_states)
     if pair.draft is not None:
-        costs.draft = median_ms(make_runner(pair.draft, draft_states), 1)
+        runners["draft"] = make_runner(pair.draft, draft_states)
+    times: dict[tuple[str, int], list[float]] = {
+        (name, k): [] for name in runners for k in ((1,) if name == "draft" else ks)
+    }
+    for runner in runners.values():
+        runner(prefix, 1)
+    for _ in range(repeats):
+        for (name, k), taken in times.items():
+            runner = runners[name]
+            t0 = time.perf_counter()
+            runner(new[:, :k], k)
+            taken.append(time.perf_counter() - t0)
+            runner.rollback(prefix.shape[1])
+
+    def median_ms(name: str) -> dict[int, float]:
+        return {k: 1e3 * statistics.median(t) for (n, k), t in times.items() if n == name}
+
+    costs = StepCosts(median_ms("target"), eager=median_ms("eager"))
+    if "draft" in runners:
+        costs.draft = median_ms("draft")[1]
     return costs
 
 

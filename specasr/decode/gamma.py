@@ -107,7 +107,7 @@ CPU_BATCH_COSTS = {
 # against fp32's 1.85 at B = 8), so the fp32 table cut its γ to 2 where 3 is best and judged
 # α 0.6 a loss (0.99×) where speculation gains about 1.2×. `python -m
 # specasr.research.batch_costs --rows 2,4,8 --repeats 30 --compute-type int8` on the 2-core
-# Zen 4 at a9b6f2d+, the mean of two runs (docs/benchmarks.md, "Batch cost curves").
+# Zen 4 (session 18), the mean of two runs (docs/benchmarks.md, "Batch cost curves").
 CPU_BATCH_COSTS_INT8 = {
     2: SpeculationCost(0.258, {1: 1.0, 2: 1.00, 3: 1.03, 4: 1.08, 5: 1.18, 6: 1.25, 7: 1.38, 8: 1.40}),
     4: SpeculationCost(0.245, {1: 1.0, 2: 1.07, 3: 1.14, 4: 1.18, 5: 1.33, 6: 1.42, 7: 1.57, 8: 1.57}),

@@ -56,6 +56,7 @@ class DistillOptions:
     holdout: float = 0.05  # windows kept out of training for the agreement score
     language: str | None = "en"  # None: detect per window; a corpus.jsonl naming languages wins
     init: str | None = None  # a draft file (or packaged:NAME) to start from instead of target layers
+    cross_pool: int = 1  # frames per cross-attention K/V row it attends over (`DistilledDraft.pool_cross`)
     label_batch: int = 8
     checkpoint_every: int = 50
     seed: int = 0
@@ -66,6 +67,8 @@ class DistillOptions:
             raise ValueError("a draft has 1 to 4 layers")
         if self.vocab < 0 or 0 < self.vocab < 2048:
             raise ValueError("vocab must be 0 (full) or >= 2048")
+        if self.cross_pool not in (1, 2, 3, 4, 5, 6):
+            raise ValueError("cross_pool must divide Whisper's 1500 frames: 1 to 6")
 
 
 # ---- stage 1: windows, encoder states and greedy labels ---------------------------------
@@ -378,6 +381,7 @@ def train(pair, states, examples: list[Example], vocab_ids, work: Path, opts: Di
         draft.meta = {"init_layers": draft.meta["init_layers"]}
     else:
         draft = DistilledDraft.from_target(pair.target, layers, vocab_ids).float().to(pair.device)
+    draft.cross_pool = opts.cross_pool  # the run's, also over an init draft's own
     target_f32 = pair.target if pair.dtype == torch.float32 else None
     draft.attach(target_f32 or pair.target)  # shared tensors stay frozen (the target needs no grad)
     if target_f32 is None:  # train in fp32 against fp32 copies of the shared tensors
@@ -520,3 +524,43 @@ def distill(
     }
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+# ---- averaging two drafts ------------------------------------------------------------------
+def average_drafts(
+    base: str, other: str, weight: float, out: str | Path, cross_pool: int | None = None
+) -> dict:
+    """Writes (1 − weight) · base + weight · other, tensor by tensor (a "model soup" of two
+    drafts trained from one another: same layers and shapes), with base's vocabulary and
+    metadata. A run that moved a draft towards new data (other) can lose speech the base knew
+    (docs/distill.md, round 5); a point between them can keep most of both. cross_pool: the
+    average's (default: base's, which must then equal other's). base, other: files or
+    packaged:NAME. Returns the metadata written."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    def read(spec: str) -> tuple[dict, dict]:
+        with safe_open(str(_init_file(spec)), "pt") as f:
+            return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"weight {weight} is not in [0, 1]")
+    (meta_a, a), (meta_b, b) = read(base), read(other)
+    own = [k for k in a if k != "vocab_ids"]
+    if sorted(own) != sorted(k for k in b if k != "vocab_ids") or any(a[k].shape != b[k].shape for k in own):
+        raise ValueError(f"{base} and {other} do not hold the same tensors")
+    pools = [int(m.get("cross_pool", 1)) for m in (meta_a, meta_b)]
+    if cross_pool is None and pools[0] != pools[1]:
+        raise ValueError(f"{base} pools {pools[0]} frames, {other} {pools[1]}: say which the average pools")
+    tensors = {k: ((1 - weight) * a[k].float() + weight * b[k].float()).to(a[k].dtype) for k in own}
+    tensors["vocab_ids"] = a["vocab_ids"]
+    meta = {k: v for k, v in meta_a.items() if k != "cross_pool"}
+    pool = pools[0] if cross_pool is None else cross_pool
+    if pool > 1:
+        meta["cross_pool"] = str(pool)
+    meta["average"] = json.dumps({"base": base, "other": other, "weight": weight})
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(out)
+    return meta

@@ -138,7 +138,59 @@ def test_distill_labels_each_window_in_its_corpus_language_and_can_start_from_a_
     mine, shipped = load_file(str(out)), load_file(str(packaged_draft("base")))
     layer_keys = [k for k in shipped if k != "vocab_ids"]
     assert layer_keys and all(torch.equal(mine[k], shipped[k]) for k in layer_keys)  # lr 0: the init, kept
+    pooled = tmp_path / "pooled.safetensors"  # the cached labels and teacher; pooled frames
+    distill(base_pair, audio_dir, pooled, work, replace(opts, cross_pool=3), log=lambda _: None)
+    assert load_draft(pooled, base_pair.target, torch.float32, torch.device("cpu")).cross_pool == 3
+    with pytest.raises(ValueError, match="1500 frames"):
+        replace(opts, cross_pool=7)
     with pytest.raises(FileNotFoundError, match="not a specasr draft"):
         distill(
             base_pair, audio_dir, out, tmp_path / "w2", replace(opts, init=str(EXAMPLE)), log=lambda _: None
         )
+
+
+def test_averaging_two_drafts_mixes_their_tensors_and_keeps_the_base_vocabulary(tmp_path):
+    """`specasr distill average`: (1 - w) · base + w · other per tensor, base's vocabulary and
+    metadata; the pooling must be said when the two differ; mismatched drafts are refused."""
+    from click.testing import CliRunner
+    from specasr.recipes.distill_draft import average_drafts
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cli import main
+    from specasr.models.draft import DistilledDraft, load_draft
+
+    t = random_tiny_pair(seed=3).target
+    a = DistilledDraft.from_target(t, (0, 1), torch.arange(0, 51865, 5))
+    b = DistilledDraft.from_target(t, (1, 0), torch.arange(1, 51865, 5))
+    b.cross_pool = 2
+    a.save(tmp_path / "a.safetensors", target="random")
+    b.save(tmp_path / "b.safetensors", target="other")
+    out = tmp_path / "avg.safetensors"
+    meta = average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 0.25, out, 2)
+    assert meta["target"] == "random" and meta["cross_pool"] == "2"
+    assert json.loads(meta["average"])["weight"] == 0.25
+    avg = load_draft(out, t, torch.float32, torch.device("cpu"))
+    assert avg.cross_pool == 2 and torch.equal(avg.vocab_ids, a.vocab_ids)
+    mixed = (0.75 * a.layers[0].fc1.weight + 0.25 * b.layers[0].fc1.weight).half().float()
+    torch.testing.assert_close(avg.layers[0].fc1.weight, mixed, rtol=2e-3, atol=1e-4)
+    assert not torch.equal(avg.layers[0].fc1.weight, a.layers[0].fc1.weight.half().float())
+    with pytest.raises(ValueError, match="say which"):
+        average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 0.5, out)
+    with pytest.raises(ValueError, match="not in"):
+        average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 1.5, out, 1)
+    DistilledDraft.from_target(t, (0,), torch.arange(0, 51865, 5)).save(tmp_path / "one.safetensors")
+    bad = CliRunner().invoke(
+        main,
+        [
+            "distill",
+            "average",
+            str(tmp_path / "a.safetensors"),
+            str(tmp_path / "one.safetensors"),
+            "--weight",
+            "0.5",
+            "--out",
+            str(tmp_path / "x.safetensors"),
+        ],
+    )
+    assert bad.exit_code == 1 and "same tensors" in bad.output
+    assert not (tmp_path / "x.safetensors").exists()

@@ -389,3 +389,66 @@ def test_prompt_tail_feeds_the_draft_its_own_shorter_sequence(tiny):
     ref.rollback([5, 6])
     step = torch.tensor([[ctx[0, 10]], [ctx[1, 11]]])  # each row's next context token
     assert torch.equal(tail(step, 1), ref(step, 1))
+
+
+def _pooled_draft(tiny, pool: int) -> DistilledDraft:
+    t = tiny.target
+    ids = torch.tensor(sorted({tiny.tokenizer.eot, *range(0, 51865, 3)}))
+    draft = DistilledDraft.from_target(t, (0, 1), ids)
+    with torch.no_grad():
+        draft.layers[1].encoder_attn.v_proj.bias.add_(1e-3)  # its own K/V in layer 1; layer 0 shares
+        for layer in draft.layers:  # peaked attention (a random tiny layer's is nearly uniform,
+            layer.encoder_attn.q_proj.weight.mul_(30.0)  # and means of uniform weights are no test)
+    draft.cross_pool = pool
+    return draft.attach(t)
+
+
+def test_a_pooled_draft_attends_over_the_means_of_adjacent_frames(tiny):
+    """`cross_pool`: each draft layer's K and V become the means of p adjacent frames, 1500 / p
+    rows, whether they are its own or the target's shared ones; the cached runner and the
+    teacher-forced pass (training) see the same pooled rows."""
+    draft = _pooled_draft(tiny, 3)
+    assert draft.cross_from == [0, None]
+    states = _states(tiny, 7)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699]] * 2)
+    target = make_runner(tiny.target, states)
+    runner = make_runner(draft, states, target)
+    with torch.inference_mode():
+        full = draft.cross_kv(states)
+    for (k, v), (pk, pv) in zip(full, runner.cross):
+        assert pk.shape == (2, k.shape[1], 500, k.shape[3]) and pk.is_contiguous()
+        torch.testing.assert_close(pk[:, :, 7], k[:, :, 21:24].mean(2), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pv[:, :, 499], v[:, :, 1497:].mean(2), rtol=1e-5, atol=1e-6)
+    with torch.inference_mode():
+        first = runner(tokens[:, :4], 4, reduced=True)
+        stepped = torch.cat([first, runner(tokens[:, 4:], 3, reduced=True)], 1)
+        forced = draft(tokens, full)  # pools what it is given
+        unpooled = replace_pool(draft, 1)(tokens, full)
+    torch.testing.assert_close(stepped, forced, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(forced, unpooled, rtol=1e-3, atol=1e-3)  # pooling changed what it sees
+    with pytest.raises(ValueError, match="do not pool by 7"):
+        replace_pool(draft, 7).pool_cross(*full[0])
+
+
+def replace_pool(draft: DistilledDraft, pool: int) -> DistilledDraft:
+    other = copy.copy(draft)  # the same modules, another pooling
+    other.cross_pool = pool
+    return other
+
+
+def test_a_pooled_draft_is_saved_loaded_and_stays_exact(tiny, tmp_path):
+    draft = _pooled_draft(tiny, 2)
+    path = tmp_path / "pooled.safetensors"
+    draft.save(path, target="random")
+    loaded = load_draft(path, tiny.target, torch.float32, torch.device("cpu"))
+    assert loaded.cross_pool == 2
+    plain = tmp_path / "plain.safetensors"
+    replace_pool(draft, 1).save(plain, target="random")
+    assert load_draft(plain, tiny.target, torch.float32, torch.device("cpu")).cross_pool == 1
+    pair = replace(tiny, draft=loaded, shared_encoder=True)
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(8))
+    opts = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=40, gamma_policy="fixed", gamma=4)
+    ar = decode(pair, mel, replace(opts, mode="autoregressive"))
+    spec = decode(pair, mel, opts)
+    assert [r.tokens for r in spec] == [r.tokens for r in ar]
+    assert spec[0].stats.proposed > 0

@@ -68,6 +68,8 @@ def test_export_gives_the_drafts_logits_and_masks_the_rest(
     assert cfg["architectures"] == ["WhisperForCausalLM"] and cfg["tie_word_embeddings"] is False
     target, assistant = hf_pair
     draft = load_draft(packaged_draft("base"), base_pair.target, torch.float32, torch.device("cpu"))
+    assert exported.cross_pool == draft.cross_pool == cfg["specasr_draft"]["cross_pool"]
+    draft.cross_pool = 1  # the export attends over every frame (transformers has no pooled form)
     mel = next(iter(librivox_mels.values()))  # [1, 80, 3000]
     prompt = torch.tensor(
         [[base_pair.tokenizer.sot, *base_pair.tokenizer.encode(" And Mr. John Dashwood had")]]
@@ -103,6 +105,8 @@ def test_cli_export_writes_once_and_reports_errors(tmp_path):
     ok = CliRunner().invoke(main, ["distill", "export", "packaged:base", "--hf", str(out)])
     assert ok.exit_code == 0, ok.output
     assert "16384 tokens" in ok.output and (out / "model.safetensors").is_file()
+    pooled = json.loads((out / "config.json").read_text())["specasr_draft"]["cross_pool"] > 1
+    assert ("attends over every frame" in ok.output) == pooled, ok.output  # it says what it dropped
     assert not list(tmp_path.glob(".hf.tmp-*"))  # the temporary directory was renamed into place
     again = CliRunner().invoke(main, ["distill", "export", "packaged:base", "--hf", str(out)])
     assert again.exit_code == 1 and "not empty" in again.output

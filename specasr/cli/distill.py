@@ -108,6 +108,13 @@ def _layers(value: str) -> tuple[int, ...]:
 )
 @click.option("--max-windows", type=int, default=None, help="Use at most this many windows.")
 @click.option(
+    "--cross-pool",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Attend over the means of this many adjacent encoder frames (1 to 6): a cheaper draft step.",
+)
+@click.option(
     "--stop-after", type=click.Choice(["label", "teacher", "train"]), default="train", show_default=True
 )
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -125,6 +132,7 @@ def train(
     language,
     init,
     max_windows,
+    cross_pool,
     stop_after,
     seed,
     device,
@@ -145,6 +153,7 @@ def train(
             language=None if language == "auto" else language,
             init=init,
             max_windows=max_windows,
+            cross_pool=cross_pool,
             seed=seed,
         )
     except ValueError as e:
@@ -159,6 +168,26 @@ def train(
         click.echo(f"wrote {out_file}: {json.dumps(summary['history'][-1])}")
     else:
         click.echo(json.dumps(summary))
+
+
+@distill.command()
+@click.argument("base")
+@click.argument("other")
+@click.option("--weight", type=float, required=True, help="OTHER's share, 0 to 1.")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Draft file.")
+@click.option("--cross-pool", type=int, default=None, help="Its frame pooling (default: both drafts').")
+def average(base, other, weight, out_file, cross_pool):
+    """Write (1 - WEIGHT) * BASE + WEIGHT * OTHER: two drafts of the same shapes (files or
+    packaged:NAME), with BASE's vocabulary and metadata."""
+    from specasr.recipes.distill_draft import average_drafts
+
+    try:
+        meta = average_drafts(base, other, weight, out_file, cross_pool)
+    except (FileNotFoundError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    pool = meta.get("cross_pool", 1)
+    click.echo(f"wrote {out_file}: {1 - weight:g} x {base} + {weight:g} x {other}, pooling {pool}")
 
 
 @distill.command()
@@ -191,3 +220,8 @@ def export(draft, out_dir, model):
         else "its final LayerNorm cannot mask the other tokens: they keep the target's rows"
     )
     click.echo(f"wrote {report.out}: {report.layers} layers, proposes {report.vocab} tokens; {rows}")
+    if report.cross_pool > 1:
+        click.echo(
+            f"note: specasr's draft attends over means of {report.cross_pool} frames; the export attends "
+            "over every frame (transformers has no pooled form): exact still, with its own acceptance rate"
+        )

@@ -17,9 +17,14 @@ step costs its arithmetic plus a few dozen kernel launches, not a Hugging Face m
 layer as one TorchScript function (`specasr.cpu.scripted`), with the same ops and without
 Python between them.
 
+A draft may attend over pooled frames (`cross_pool` p > 1, the recipe's `--cross-pool`): the
+means of p adjacent frames' cross-attention K and V, 1500 / p instead of 1500. A draft step
+reads every K/V row it attends over, so that cuts the largest part of what it reads; it must be
+trained so (the target's own attention is never pooled, so exactness is untouched).
+
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
-"target", "init_layers"}.
+"target", "init_layers", "cross_pool" (absent: 1)}.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class DistilledDraft(nn.Module):
         self._shared: dict[str, Tensor] = {}  # embed [V, d], positions [448, d], head [d, N]
         self._head_int8: Int8Linear | None = None
         self.cross_from: list[int | None] = [None] * layers  # set by attach()
+        self.cross_pool = 1  # frames per cross-attention K/V row (`pool_cross`)
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -128,8 +134,21 @@ class DistilledDraft(nn.Module):
         return out.index_copy_(-1, self.vocab_ids, sub)  # half the time of out[..., ids] = sub
 
     def cross_kv(self, states: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Encoder states [B, S, d] -> per layer the cross-attention K, V [B, H, S, dh]."""
+        """Encoder states [B, S, d] -> per layer the cross-attention K, V [B, H, S, dh], not
+        pooled (`forward` and `runner` pool them)."""
         return [layer.cross_kv(states) for layer in self.layers]
+
+    def pool_cross(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """K, V [B, H, S, dh] (any strides) -> the means of `cross_pool` adjacent frames
+        [B, H, S / cross_pool, dh], contiguous; unchanged when cross_pool is 1. Keys have no
+        bias, so a pooled key is the key of the pooled states (values: plus their bias)."""
+        p = self.cross_pool
+        if p == 1:
+            return k, v
+        S = k.shape[2]
+        if S % p:
+            raise ValueError(f"{S} encoder frames do not pool by {p}")
+        return tuple(t.unflatten(2, (S // p, p)).mean(3).contiguous() for t in (k, v))
 
     def forward(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]]) -> Tensor:
         """Teacher-forced pass (training): tokens [B, T] from position 0, per-layer cross K/V
@@ -137,8 +156,8 @@ class DistilledDraft(nn.Module):
         x = self.embed(tokens, 0)
         T = tokens.shape[1]
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        for layer, (ck, cv) in zip(self.layers, cross):
-            x = layer(x, ck, cv, mask)
+        for layer, kv in zip(self.layers, cross):
+            x = layer(x, *self.pool_cross(*kv), mask)
         return self.head(x)
 
     def logits(self, x: Tensor) -> Tensor:
@@ -174,6 +193,13 @@ class DistilledDraft(nn.Module):
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
+        if self.cross_pool > 1:  # [B, H, S / p, dh] per layer: the runner keeps them as given
+            with torch.inference_mode():
+                own = [None] * len(self.layers) if cross is None else cross
+                cross = [
+                    self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
+                    for kv, layer in zip(own, self.layers)
+                ]
         return LeanRunner(self, states, cross)
 
     def quantize_int8(self, script: bool = True) -> DistilledDraft:
@@ -214,6 +240,7 @@ class DistilledDraft(nn.Module):
             "ffn": str(self.ffn),
             "layers": str(len(self.layers)),
             "vocab_size": str(self.vocab_size),
+            **({"cross_pool": str(self.cross_pool)} if self.cross_pool > 1 else {}),
             **self.meta,
             **{k: str(v) for k, v in meta.items()},
         }
@@ -280,5 +307,6 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
         )
     draft.load_state_dict(tensors, assign=True)  # the module's own (untouched) tensors go
     draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe", *COST_KEYS)}
+    draft.cross_pool = int(meta.get("cross_pool", 1))
     draft.eval().requires_grad_(False)
     return draft.attach(target)

@@ -21,6 +21,12 @@ LayerNorm with a zero gain or sum(b / g) ≈ 0 cannot express it; the export the
 target's rows there (the assistant may propose any token: still exact after verification,
 with a different α) and says so.
 
+A draft that attends over pooled frames (`DistilledDraft.cross_pool` > 1) has no
+`WhisperForCausalLM` form: the assistant reads the target's encoder outputs as they are, every
+frame. The export is then that draft's layers attending over every frame, and says so
+(`ExportReport.cross_pool`, the config's `specasr_draft`): still exact after verification,
+with its own α (docs/distill.md measures it).
+
 Nothing here imports transformers: the config is written as JSON with Hugging Face's keys.
 """
 
@@ -45,6 +51,7 @@ class ExportReport:
     layers: int
     vocab: int  # rows the draft can propose
     masked: bool  # off-vocabulary rows score −OFF_VOCAB (False: the target's rows, see above)
+    cross_pool: int = 1  # the draft's pooling; the export attends over every frame (see above)
 
 
 def off_vocab_row(gain: torch.Tensor, bias: torch.Tensor, score: float = -OFF_VOCAB) -> torch.Tensor | None:
@@ -121,6 +128,7 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
             "target": target,
             "vocab": len(vocab_ids),
             "masked": row is not None,
+            "cross_pool": int(meta.get("cross_pool", 1)),
         },
     )
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -131,4 +139,5 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
     if out.exists():
         out.rmdir()
     tmp.replace(out)
-    return ExportReport(out, int(meta["layers"]), len(vocab_ids), row is not None)
+    pool = int(meta.get("cross_pool", 1))
+    return ExportReport(out, int(meta["layers"]), len(vocab_ids), row is not None, pool)

@@ -37,6 +37,8 @@ from pathlib import Path
 import click
 import torch
 
+from specasr.constants import COMPUTE_TYPES
+
 Position = tuple[float, bool]  # (q of the draft's greedy pick, pick == target's token)
 
 
@@ -200,8 +202,15 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
     "--verify", default=None, help="v(k) as 1:1,2:1.27,… (default: measure, as speedup_bench does)."
 )
 @click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--compute-type",
+    type=click.Choice(COMPUTE_TYPES),
+    default="float32",
+    show_default=True,
+    help="The target's compute type (`load_pair(compute_type=)`): its transcripts and cost curve.",
+)
 def main(
-    inputs, work, corpora, per_source, model, draft, gammas, thresholds, c_given, verify, device
+    inputs, work, corpora, per_source, model, draft, gammas, thresholds, c_given, verify, device, compute_type
 ) -> None:
     """Replays the speculative loop over INPUTS (and --held-out windows) for each γ and stop threshold."""
     from specasr.models.loading import load_pair
@@ -224,7 +233,7 @@ def main(
         verify = {int(k): float(v) for k, v in (kv.split(":") for kv in verify.split(","))}
         if any(k not in verify for k in range(1, max(gs) + 2)):
             raise click.BadParameter(f"needs v(k) for k = 1 … {max(gs) + 1}", param_hint="--verify")
-    pair = load_pair(model, draft, device=device)
+    pair = load_pair(model, draft, device=device, compute_type=compute_type)
     shards = [p for p in inputs if p.suffix == ".pt"]
     audio = [p for p in inputs if p.suffix != ".pt"]
     windows = (from_shards(pair, shards) if shards else []) + (
@@ -245,8 +254,10 @@ def main(
     n = sum(map(len, windows))
     agree = sum(ok for w in windows for _, ok in w) / max(1, n)
     click.echo(
-        f"{model} + draft {pair.draft_name}: {len(windows)} windows, {n} positions, greedy agreement "
-        f"{agree:.3f}; c {c:.3f}, v(k) " + ", ".join(f"{k}: {v:.2f}" for k, v in verify.items()) + "\n"
+        f"{model} [{pair.compute_type}] + draft {pair.draft_name}: {len(windows)} windows, {n} positions, "
+        f"greedy agreement {agree:.3f}; c {c:.3f}, v(k) "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in verify.items())
+        + "\n"
     )
     result = sweep(windows, gs, [float(t) for t in thresholds.split(",")], c, verify)
     click.echo(result.table())

@@ -137,3 +137,5 @@ def test_cli_needs_inputs_or_a_held_out_work_dir(tmp_path):
     assert CliRunner().invoke(main, []).exit_code == 2
     result = CliRunner().invoke(main, ["--held-out", str(tmp_path)])
     assert result.exit_code == 2 and "teacher.pt" in result.output
+    bad = CliRunner().invoke(main, ["--corpus", str(tmp_path), "--compute-type", "int4"])
+    assert bad.exit_code == 2 and "int8_bfloat16" in bad.output  # the choices, before any model work

@@ -23,6 +23,13 @@ _ENGLISH_ONLY_VOCAB = 51864
 PRESET_NAMES = tuple(PRESETS)  # models/presets.py imports no torch
 
 
+def compute_type_option(help: str):
+    """`--compute-type`, one of COMPUTE_TYPES (default float32): the CLI's and the research tools'."""
+    return click.option(
+        "--compute-type", type=click.Choice(COMPUTE_TYPES), default="float32", show_default=True, help=help
+    )
+
+
 def check_device(device: str | None) -> None:
     """A usage error (exit 2) for a --device that is malformed or not available here.
     The syntax is checked without torch; availability (cuda, mps, xpu) imports it."""
@@ -326,12 +333,8 @@ model_options = _stack(
         default=None,
         help="Model dtype (default: fp32 on CPU, fp16 on CUDA).",
     ),
-    click.option(
-        "--compute-type",
-        type=click.Choice(COMPUTE_TYPES),
-        default="float32",
-        show_default=True,
-        help="The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "
+    compute_type_option(
+        "The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "
         "speculative modes give its own greedy tokens. bfloat16 (CPUs with AVX512_BF16 or AMX): "
         "the once-per-window products, about 1.4x faster per window, lossy; int8_bfloat16: both. "
         "auto: int8 for --mode autoregressive on AVX2/AVX-512 CPUs with fbgemm (int8_bfloat16 with "

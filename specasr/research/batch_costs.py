@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from specasr.constants import COMPUTE_TYPES
+from specasr.cli.common import compute_type_option
 from specasr.decode.gamma import CPU_BATCH_COSTS, SpeculationCost
 
 
@@ -76,13 +76,7 @@ def cost_literal(measured: Costs) -> str:
 @click.option(
     "--data", type=click.Path(exists=True, file_okay=False), default="tests/data", show_default=True
 )
-@click.option(
-    "--compute-type",
-    type=click.Choice(COMPUTE_TYPES),
-    default="float32",
-    show_default=True,
-    help="The target's (`load_pair`).",
-)
+@compute_type_option("The target's (`load_pair`).")
 def main(model, draft, rows, repeats, max_k, data, compute_type) -> None:
     from pathlib import Path
 

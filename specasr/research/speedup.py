@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import click
 
+from specasr.cli.common import compute_type_option
 from specasr.decode.stats import DecodeStats
 from specasr.options import DecodeOptions, TranscribeOptions
 
@@ -296,11 +297,8 @@ def _bound_rows(b: Bounds) -> list[tuple[str, str]]:
     help="Another speculative configuration GAMMA:STOP (e.g. 4:0) for the long-form side-by-side table.",
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option(
-    "--compute-type",
-    default="float32",
-    show_default=True,
-    help="The target's compute type (`load_pair(compute_type=)`); both sides decode the same target.",
+@compute_type_option(
+    "The target's compute type (`load_pair(compute_type=)`); both sides decode the same target."
 )
 def main(
     model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, also, device, compute_type

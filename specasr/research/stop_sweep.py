@@ -37,7 +37,7 @@ from pathlib import Path
 import click
 import torch
 
-from specasr.constants import COMPUTE_TYPES
+from specasr.cli.common import compute_type_option
 
 Position = tuple[float, bool]  # (q of the draft's greedy pick, pick == target's token)
 
@@ -202,12 +202,8 @@ def sweep(windows, gammas, thresholds, c: float, verify: dict[int, float]) -> Sw
     "--verify", default=None, help="v(k) as 1:1,2:1.27,… (default: measure, as speedup_bench does)."
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option(
-    "--compute-type",
-    type=click.Choice(COMPUTE_TYPES),
-    default="float32",
-    show_default=True,
-    help="The target's compute type (`load_pair(compute_type=)`): its transcripts and cost curve.",
+@compute_type_option(
+    "The target's compute type (`load_pair(compute_type=)`): its transcripts and cost curve."
 )
 def main(
     inputs, work, corpora, per_source, model, draft, gammas, thresholds, c_given, verify, device, compute_type

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specasr.models.draft import DistilledDraft, load_draft
+from specasr.models.draft import POOLS, DistilledDraft, load_draft
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus", ".sph", ".webm"}
 WINDOW = 16000 * 30
@@ -67,7 +67,7 @@ class DistillOptions:
             raise ValueError("a draft has 1 to 4 layers")
         if self.vocab < 0 or 0 < self.vocab < 2048:
             raise ValueError("vocab must be 0 (full) or >= 2048")
-        if self.cross_pool not in (1, 2, 3, 4, 5, 6):
+        if self.cross_pool not in POOLS:
             raise ValueError("cross_pool must divide Whisper's 1500 frames: 1 to 6")
 
 
@@ -545,6 +545,8 @@ def average_drafts(
 
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight {weight} is not in [0, 1]")
+    if cross_pool is not None and cross_pool not in POOLS:
+        raise ValueError(f"cross_pool must divide Whisper's 1500 frames: 1 to 6, not {cross_pool}")
     (meta_a, a), (meta_b, b) = read(base), read(other)
     own = [k for k in a if k != "vocab_ids"]
     if sorted(own) != sorted(k for k in b if k != "vocab_ids") or any(a[k].shape != b[k].shape for k in own):

@@ -178,6 +178,8 @@ def test_averaging_two_drafts_mixes_their_tensors_and_keeps_the_base_vocabulary(
         average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 0.5, out)
     with pytest.raises(ValueError, match="not in"):
         average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 1.5, out, 1)
+    with pytest.raises(ValueError, match="1500 frames"):  # a pooling no draft could run
+        average_drafts(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), 0.5, out, 7)
     DistilledDraft.from_target(t, (0,), torch.arange(0, 51865, 5)).save(tmp_path / "one.safetensors")
     bad = CliRunner().invoke(
         main,

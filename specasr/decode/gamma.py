@@ -115,6 +115,12 @@ CPU_BATCH_COSTS_INT8 = {
 }
 
 
+def cpu_batch_costs(int8_target: bool) -> dict[int, SpeculationCost]:
+    """The stored batch cost curves for a CPU target: `CPU_BATCH_COSTS_INT8` for an int8 target
+    (compute type int8 or int8_bfloat16), else `CPU_BATCH_COSTS`."""
+    return CPU_BATCH_COSTS_INT8 if int8_target else CPU_BATCH_COSTS
+
+
 def batch_cost(rows: int, single: SpeculationCost, batch: dict[int, SpeculationCost]) -> SpeculationCost:
     """The cost curve for a pass over `rows` rows: `single` for one row, else the measured batch
     size nearest below (the largest for more rows than any measured)."""
@@ -355,7 +361,7 @@ def make_policy(
     if name == "auto":
         name = "backoff" if device == "cpu" else "adaptive"
     if name == "backoff":
-        batch = (CPU_BATCH_COSTS_INT8 if int8_target else CPU_BATCH_COSTS) if device == "cpu" else {}
+        batch = cpu_batch_costs(int8_target) if device == "cpu" else {}
         return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, batch, untrained=untrained)
     if name == "fixed":
         return FixedGamma(gamma)

@@ -53,6 +53,7 @@ def _equal_as(mine: Tensor, theirs: Tensor, stored: torch.dtype) -> bool:
     return mine.shape == theirs.shape and torch.equal(mine, theirs.to(stored).to(mine.dtype))
 
 
+POOLS = (1, 2, 3, 4, 5, 6)  # `cross_pool`s that divide Whisper's 1500 encoder frames
 COST_KEYS = ("cost_c", "cost_verify")  # optional: the measured cost curve (`decode.gamma.SpeculationCost`)
 
 

@@ -106,6 +106,7 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
     tensors["model.decoder.embed_tokens.weight"] = embed.contiguous()
     tensors["model.decoder.embed_positions.weight"] = dec.embed_positions.weight.detach().float().contiguous()
     tensors["proj_out.weight"] = head.contiguous()
+    pool = int(meta.get("cross_pool", 1))  # the draft's; the export attends over every frame
     config = whisper_config(
         tok,
         d_model=cfg.d_model,
@@ -128,7 +129,7 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
             "target": target,
             "vocab": len(vocab_ids),
             "masked": row is not None,
-            "cross_pool": int(meta.get("cross_pool", 1)),
+            "cross_pool": pool,
         },
     )
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,5 +140,4 @@ def export_hf(draft_file: str | Path, target: str | None, out_dir: str | Path) -
     if out.exists():
         out.rmdir()
     tmp.replace(out)
-    pool = int(meta.get("cross_pool", 1))
     return ExportReport(out, int(meta["layers"]), len(vocab_ids), row is not None, pool)

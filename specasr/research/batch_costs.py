@@ -4,12 +4,13 @@
         [--compute-type int8]
 
 The backoff γ policy judges a pass over B > 1 rows (the chunked strategy's batch of windows)
-under a stored cost curve, `specasr.decode.gamma.CPU_BATCH_COSTS`: c = draft step ÷ target
+under a stored cost curve, `specasr.decode.gamma.cpu_batch_costs` (`CPU_BATCH_COSTS`, or
+`CPU_BATCH_COSTS_INT8` for an int8 target): c = draft step ÷ target
 step and v(k) = target pass over k tokens ÷ pass over one, both at B rows. Stored numbers keep
 the policy deterministic; they were measured on one CPU. This measures the same quantities
 here (`specasr.research.speedup.step_costs` over B copies of the first LibriVox clip's window,
-uniform rows), prints them beside the stored curve, and prints the measured curves as a
-`CPU_BATCH_COSTS` literal. One process, one run; medians of `--repeats` passes.
+uniform rows), prints them beside the stored curve for its compute type, and prints the
+measured curves as a literal of that table. One process, one run; medians of `--repeats` passes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import click
 
 from specasr.cli.common import compute_type_option
-from specasr.decode.gamma import CPU_BATCH_COSTS, SpeculationCost
+from specasr.constants import int8_decoder
+from specasr.decode.gamma import SpeculationCost, cpu_batch_costs
 
 
 def measured_cost(costs) -> SpeculationCost:
@@ -110,8 +112,10 @@ def main(model, draft, rows, repeats, max_k, data, compute_type) -> None:
         f"{model} [{pair.compute_type}] + draft {pair.draft_name}, {torch.get_num_threads()} threads, "
         f"{repeats} passes per k, uniform rows\n"
     )
-    click.echo(cost_table(measured, CPU_BATCH_COSTS, ks))
-    click.echo(f"\nAs `CPU_BATCH_COSTS`:\n\n{cost_literal(measured)}")
+    int8 = int8_decoder(pair.compute_type)  # the table the loop's backoff policy reads
+    click.echo(cost_table(measured, cpu_batch_costs(int8), ks))
+    name = "CPU_BATCH_COSTS_INT8" if int8 else "CPU_BATCH_COSTS"
+    click.echo(f"\nAs `{name}`:\n\n{cost_literal(measured)}")
 
 
 if __name__ == "__main__":

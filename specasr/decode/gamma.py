@@ -90,28 +90,28 @@ CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 # A batch of B windows on a CPU (the chunked strategy): a pass over B rows × k tokens, relative
 # to a one-token step of the same B rows, grows faster with k than at B = 1 (B·k token rows of
 # products and of the vocabulary-wide head), and the draft's step reads B rows of cross K/V, so
-# c grows too. Base fp32 with its packaged draft on the 2-core dev CPU at f2392a0 (passes over
-# B uniform rows × k tokens and draft steps, medians of 20; v(7) interpolated; what they changed:
-# docs/benchmarks.md, "Long-form, in-process"). An int8 target's curves are flatter (its c 0.22–
-# 0.28, v(8) 1.44–1.80: `CPU_BATCH_COSTS_INT8`). On a Zen 4 (AVX-512) fp32 measured close:
-# B = 8 c 0.25, v(2, 4, 8) 1.25, 1.85, 2.65 (`python -m specasr.research.batch_costs`, session 18).
+# c grows too. Base fp32 with its packaged draft (round 5, pooling 2) on the 2-core Zen 4 dev
+# CPU, session 20: `python -m specasr.research.batch_costs --rows 2,4,8 --repeats 30`, the mean
+# of three runs, each v(k) raised to the v(k − 1) before it where noise put it below (B = 2:
+# v(2), v(3) 0.96, 0.98). The pooled draft reads half the cross K/V of the one before, so c at
+# B = 8 fell from 0.30 (f2392a0's table) to 0.18 (docs/benchmarks.md, "Batch cost curves").
 CPU_BATCH_COSTS = {
-    2: SpeculationCost(0.164, {1: 1.0, 2: 1.11, 3: 1.32, 4: 1.35, 5: 1.43, 6: 1.52, 7: 1.57, 8: 1.62}),
-    4: SpeculationCost(0.203, {1: 1.0, 2: 1.07, 3: 1.26, 4: 1.44, 5: 1.58, 6: 1.70, 7: 1.82, 8: 1.93}),
-    8: SpeculationCost(0.296, {1: 1.0, 2: 1.32, 3: 1.53, 4: 1.85, 5: 2.04, 6: 2.34, 7: 2.43, 8: 2.51}),
+    2: SpeculationCost(0.158, {1: 1.0, 2: 1.00, 3: 1.00, 4: 1.21, 5: 1.29, 6: 1.33, 7: 1.46, 8: 1.46}),
+    4: SpeculationCost(0.180, {1: 1.0, 2: 1.20, 3: 1.32, 4: 1.58, 5: 1.80, 6: 1.89, 7: 2.07, 8: 2.10}),
+    8: SpeculationCost(0.181, {1: 1.0, 2: 1.26, 3: 1.53, 4: 1.92, 5: 2.19, 6: 2.38, 7: 2.63, 8: 2.68}),
 }
 
 
 # The same for an int8 target (`compute_type` int8 or int8_bfloat16: per-row int8 products,
 # row-invariant attention). Its passes over k tokens cost far less more than one step (v(4) 1.2
-# against fp32's 1.85 at B = 8), so the fp32 table cut its γ to 2 where 3 is best and judged
-# α 0.6 a loss (0.99×) where speculation gains about 1.2×. `python -m
+# against fp32's 1.9 at B = 8), so the fp32 table would cut its γ short and judge a draft
+# agreeing 0.5 per token a loss where speculation still gains. `python -m
 # specasr.research.batch_costs --rows 2,4,8 --repeats 30 --compute-type int8` on the 2-core
-# Zen 4 (session 18), the mean of two runs (docs/benchmarks.md, "Batch cost curves").
+# Zen 4 (session 20, round 5's draft), the mean of three runs (B = 2: v(8) raised to v(7)).
 CPU_BATCH_COSTS_INT8 = {
-    2: SpeculationCost(0.258, {1: 1.0, 2: 1.00, 3: 1.03, 4: 1.08, 5: 1.18, 6: 1.25, 7: 1.38, 8: 1.40}),
-    4: SpeculationCost(0.245, {1: 1.0, 2: 1.07, 3: 1.14, 4: 1.18, 5: 1.33, 6: 1.42, 7: 1.57, 8: 1.57}),
-    8: SpeculationCost(0.217, {1: 1.0, 2: 1.08, 3: 1.17, 4: 1.21, 5: 1.42, 6: 1.49, 7: 1.67, 8: 1.73}),
+    2: SpeculationCost(0.220, {1: 1.0, 2: 1.01, 3: 1.05, 4: 1.06, 5: 1.17, 6: 1.25, 7: 1.38, 8: 1.38}),
+    4: SpeculationCost(0.193, {1: 1.0, 2: 1.05, 3: 1.11, 4: 1.16, 5: 1.32, 6: 1.41, 7: 1.49, 8: 1.57}),
+    8: SpeculationCost(0.157, {1: 1.0, 2: 1.08, 3: 1.14, 4: 1.17, 5: 1.34, 6: 1.44, 7: 1.57, 8: 1.60}),
 }
 
 

@@ -6,6 +6,7 @@ decoding of an int8 target exact, and the refusal where a machine's BLAS gives n
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -234,6 +235,31 @@ def test_an_int8_targets_runner_holds_k_transposed_and_a_draft_shares_it_as_k():
     with torch.inference_mode():  # given K [B, H, S, dh], a fixed runner stores it as Kᵀ
         again = LeanRunner(decoder, states, runner.plain_cross())
     assert all(torch.equal(a[0], b[0]) and a[0].is_contiguous() for a, b in zip(again.cross, runner.cross))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_k_transposed_is_one_product_equal_to_the_transposed_k(bias):
+    """`cross_kv(kt=True)` multiplies W · statesᵀ for a plain Linear instead of transposing
+    the product: the same K, laid out [B, H, dh, S] and contiguous, with a bias where a
+    loaded module has one; a bf16 projection keeps its own product and the copy."""
+    from specasr.models.layers import DecoderLayer
+
+    g = torch.Generator().manual_seed(3)
+    layer = DecoderLayer(64, 4, 128)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        if bias:
+            layer.encoder_attn.k_proj = nn.Linear(64, 64)
+            layer.encoder_attn.k_proj.weight.copy_(torch.randn(64, 64, generator=g) * 0.2)
+            layer.encoder_attn.k_proj.bias.copy_(torch.randn(64, generator=g))
+    states = torch.randn(3, 1500, 64, generator=g)
+    for _ in range(2):  # a plain Linear, then its bf16 form
+        with torch.inference_mode():
+            (kt, v), (k, v0) = layer.cross_kv(states, kt=True), layer.cross_kv(states)
+        assert kt.shape == (3, 4, 16, 1500) and kt.is_contiguous() and torch.equal(v, v0)
+        torch.testing.assert_close(kt, k.transpose(2, 3), rtol=1e-5, atol=1e-5)
+        bf16.bf16_cross_kv(SimpleNamespace(layers=[layer]))
 
 
 @pytest.mark.slow

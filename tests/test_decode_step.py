@@ -153,3 +153,21 @@ def test_the_gamma_policy_hears_the_batch_size_and_every_rows_count(tiny, monkey
     assert len(told) == len(results[0].stats.gammas) > 0
     for (least, rows), n in zip(told, asked):
         assert len(rows) == n and least == min(rows) and all(0 <= a <= 3 for a in rows)
+
+
+@pytest.mark.parametrize("mode", ["baseline", "exact", "sigmoid"])
+def test_greedy_verify_never_builds_the_drafts_full_rows(tiny, monkeypatch, mode):
+    """At T = 0 every mode is argmax matching: the verifier gets broadcast views for q, r and
+    the noise instead of γ·V floats per pass, and still keeps the target's greedy tokens.
+    Sampling still builds the draft's rows over V (its q)."""
+    from specasr.decode.step import Proposal
+
+    built = []
+    full = Proposal.full_logits
+    monkeypatch.setattr(Proposal, "full_logits", lambda self, V: built.append(V) or full(self, V))
+    opts = DecodeOptions(mode=mode, gamma=3, gamma_policy="fixed", draft_stop=0.0, max_new_tokens=20)
+    spec = decode(tiny, _mels(2), opts)
+    ar = decode(tiny, _mels(2), replace(opts, mode="autoregressive"))
+    assert [r.tokens for r in spec] == [r.tokens for r in ar] and not built
+    decode(tiny, _mels(1), replace(opts, temperature=1.0, seed=3))
+    assert built and set(built) == {tiny.target.config.vocab_size}

@@ -3,6 +3,8 @@ timestamps' total probability beats every single text token."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from tiny_pairs import random_tiny_pair
 
@@ -41,6 +43,26 @@ def test_forcing_matches_whispers_log_softmax_formulation():
     rules.apply(out, [ctx] * 64)
     forced = torch.isinf(out[:, :tb]).all(dim=-1)
     assert torch.equal(forced, expected) and 0 < int(forced.sum()) < 64
+
+
+def test_forcing_decides_rows_inside_the_band_by_the_full_sum():
+    """The rule reads two maxima and sums the timestamps only for a row whose text maximum lies
+    in [max_ts, max_ts + log n_ts]; rows just inside that band on either side of the decision,
+    at its edges, and with every timestamp suppressed decide as the full logsumexp does."""
+    tok, rules = _rules()
+    tb, V = tok.timestamp_begin, 51865
+    n = V - tb  # timestamps: equal logits L sum to L + log n
+    levels = [-math.log(n) + d for d in (-1e-2, -1e-4, 1e-4, 1e-2)] + [-math.log(n) - 0.5, 1e-6, 0.0]
+    rows = torch.full((len(levels) + 1, V), -40.0)
+    rows[:, 440] = 0.0  # the best text token: max_text = 0
+    for i, level in enumerate(levels):
+        rows[i, tb:] = level
+    rows[-1, tb:] = float("-inf")  # no timestamp allowed at all
+    expected = torch.logsumexp(rows[:, tb:], -1) > rows[:, :tb].amax(-1)
+    ctx = [0, 1, 2, 3, 440, 2068]
+    rules.apply(rows, [ctx] * len(rows))
+    forced = torch.isinf(rows[:, :tb]).all(dim=-1)
+    assert forced.tolist() == expected.tolist() == [False, False, True, True, False, True, True, False]
 
 
 def test_grammar_pairs_and_monotone_timestamps():

@@ -15,6 +15,7 @@ as filtering the full row, at a third of the width.
 from __future__ import annotations
 
 import copy
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -55,7 +56,7 @@ class SuppressTokens(LogitFilter):
         ids = self._on.get(logits.device)
         if ids is None:
             ids = self._on[logits.device] = self.ids.to(logits.device)
-        logits[:, ids] = NEG_INF
+        logits.index_fill_(1, ids, NEG_INF)  # a fill, where logits[:, ids] = … is an indexed put
 
     def on_vocab(self, ids: list[int]) -> SuppressTokens:
         cols = _columns(ids, self.ids.tolist())
@@ -115,30 +116,35 @@ class TimestampRules(LogitFilter):
             logits.select(1, no_ts).fill_(NEG_INF)
         ctb = col(tb)
         for k, ctx in enumerate(contexts):
-            sampled = ctx[self.sample_begin :]
+            n = len(ctx) - self.sample_begin  # sampled tokens: ctx[sample_begin:], not copied
             row = logits[k]
-            last_ts = len(sampled) >= 1 and sampled[-1] >= tb
-            penultimate_ts = len(sampled) < 2 or sampled[-2] >= tb
+            last_ts = n >= 1 and ctx[-1] >= tb
+            penultimate_ts = n < 2 or ctx[-2] >= tb
             if last_ts:
                 if penultimate_ts:  # a closed pair: text (or eot) must follow
                     row[ctb:] = NEG_INF
                 else:  # an open timestamp: close it with a timestamp or end
                     row[: col(self.eot)] = NEG_INF
-            stamps = [t for t in sampled if t >= tb]
-            if stamps:
+            # the latest sampled timestamp, searched from the end (segments are short)
+            stamp = next((ctx[i] for i in range(len(ctx) - 1, len(ctx) - 1 - n, -1) if ctx[i] >= tb), None)
+            if stamp is not None:
                 # never go back in time; after an open timestamp, a zero-length segment is allowed
-                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+                floor = stamp if last_ts and not penultimate_ts else stamp + 1
                 row[ctb : col(floor)] = NEG_INF
-            if not sampled:
+            if n <= 0:
                 row[:ctb] = NEG_INF
                 if self.max_initial_index is not None:
                     row[col(tb + self.max_initial_index + 1) :] = NEG_INF
         # if timestamps as a whole are likelier than any single text token, emit a timestamp:
-        # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V
-        ts_mass = torch.logsumexp(logits[:, ctb:].float(), dim=-1)  # [k]
-        text_max = logits[:, :ctb].float().amax(dim=-1)  # [k]
-        for k in torch.nonzero(ts_mass > text_max).flatten().tolist():  # a row loop beats a mask index
-            logits[k, :ctb] = NEG_INF
+        # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V.
+        # log Σ_ts p lies in [max_ts, max_ts + log n_ts]: only a row whose text maximum falls in
+        # that band needs the sum (the same decisions, for two maxima instead of a logsumexp)
+        text_max = logits[:, :ctb].amax(dim=-1).tolist()  # [k]
+        ts_max = logits[:, ctb:].amax(dim=-1).tolist()  # [k]
+        slack = math.log(max(1, logits.shape[1] - ctb)) + 1e-3  # log n_ts, and float rounding
+        for k, (t, m) in enumerate(zip(ts_max, text_max)):
+            if t > m or (t + slack >= m and torch.logsumexp(logits[k, ctb:].float(), dim=-1).item() > m):
+                logits[k, :ctb] = NEG_INF
 
 
 def build_filters(

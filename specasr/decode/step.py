@@ -273,13 +273,16 @@ class SpeculativeStep:
         draft_tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=dev)  # [B, γ]
         if opts.temperature > 0:
             uniforms, noise = kernels.make_randomness(B, gamma, V, ctx.gen, dev)
-        else:  # unused at T = 0, where every mode is argmax matching
-            uniforms = torch.zeros((B, gamma), device=dev)
-            noise = torch.ones((B, V), device=dev)
+            draft_rows = proposal.full_logits(V)  # [B, γ, V]
+        else:  # every mode is argmax matching at T = 0: nothing reads q, r or the noise, so
+            # they are broadcast views, not γ·V floats written per pass (0.1–0.2 ms on a CPU)
+            uniforms = logits.new_zeros((1, 1), dtype=torch.float32).expand(B, gamma)
+            noise = logits.new_ones((1, 1), dtype=torch.float32).expand(B, V)
+            draft_rows = logits.new_full((1, 1, 1), -math.inf).expand(B, gamma, V)
         with ctx.clock.phase("verify_s"):
             n_acc, nxt = kernels.verify(
                 logits,
-                proposal.full_logits(V),  # [B, γ, V]
+                draft_rows,  # [B, γ, V]
                 draft_tokens,
                 uniforms,
                 noise,

@@ -101,7 +101,13 @@ class DecoderLayer(nn.Module):
         step, and a strided K/V would be copied by every call. kt: Kᵀ [B, H, dh, S] instead,
         what a cached pass of a layer with `fixed_rows` reads (`specasr.cpu.lean.LeanRunner`)."""
         a = self.encoder_attn
-        k, v = self._split(a.k_proj(states)), self._split(a.v_proj(states)).contiguous()
+        v = self._split(a.v_proj(states)).contiguous()
+        if kt and type(a.k_proj) is nn.Linear:  # Kᵀ = W · statesᵀ: one product, no transposing copy
+            k = torch.matmul(a.k_proj.weight, states.transpose(1, 2))  # [B, d, S]
+            if a.k_proj.bias is not None:  # Whisper's K has none; a loaded module might
+                k.add_(a.k_proj.bias[:, None])
+            return k.view(k.shape[0], self.heads, self.dh, k.shape[2]), v
+        k = self._split(a.k_proj(states))
         return (k.transpose(2, 3) if kt else k).contiguous(), v
 
     def write_kv(self, x: Tensor, K: Tensor, V: Tensor, start: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from specasr.decode.gamma import SpeculationCost
+from specasr.decode.gamma import SpeculationCost, cpu_batch_costs
 from specasr.research import batch_costs
 from specasr.research.speedup import StepCosts
 
@@ -36,7 +36,9 @@ def test_base_with_its_draft_is_measured_at_each_batch_size(one_clip_data):
     rows = [r for r in result.output.splitlines() if r.startswith(("| 1 |", "| 2 |"))]
     assert len(rows) == 2 and all(r.split("|")[3].strip() == "1.00" for r in rows)  # v(1) = 1
     assert "    2: SpeculationCost(" in result.output  # the literal names each measured size
-    assert rows[1].split("|")[5].strip() == "0.164"  # beside the stored B = 2 curve (c)
+    stored = cpu_batch_costs(int8_target=False)[2].c  # an fp32 target's table (not int8's)
+    assert stored != cpu_batch_costs(int8_target=True)[2].c
+    assert rows[1].split("|")[5].strip() == f"{stored:.3f}"  # beside the stored B = 2 curve (c)
 
 
 @pytest.mark.parametrize("rows", ["two", "0", ""])

@@ -116,3 +116,14 @@ def test_reduced_rows_keep_the_full_chains_logits():
     assert torch.equal(full[:, ids], reduced)
     forced = torch.isinf(reduced[:, : ids.index(tok.eot) + 1]).all(dim=-1)
     assert forced.any() and not forced.all()  # both branches of the mass rule ran
+
+
+def test_reduced_rows_without_timestamp_columns_are_never_forced():
+    """A reduced vocabulary may hold no timestamp: its rows then have no timestamp mass, so
+    the forcing rule leaves them as they are (and does not reduce over an empty slice)."""
+    tok, rules = _rules()
+    reduced = rules.on_vocab(list(range(1000)))  # every column below timestamp_begin
+    rows = torch.randn(2, 1000, generator=torch.Generator().manual_seed(1))
+    before = rows.clone()
+    reduced.apply(rows, [[0, 1, 2, 3, 5], [0, 1, 2, 3, 7]])
+    assert torch.equal(rows, before)

@@ -139,10 +139,12 @@ class TimestampRules(LogitFilter):
         # log Σ_ts p > max_text log p, where the normaliser cancels, so no log-softmax over V.
         # log Σ_ts p lies in [max_ts, max_ts + log n_ts]: only a row whose text maximum falls in
         # that band needs the sum (the same decisions, for two maxima instead of a logsumexp)
-        text_max = logits[:, :ctb].amax(dim=-1).tolist()  # [k]
-        ts_max = logits[:, ctb:].amax(dim=-1).tolist()  # [k]
-        slack = math.log(max(1, logits.shape[1] - ctb)) + 1e-3  # log n_ts, and float rounding
-        for k, (t, m) in enumerate(zip(ts_max, text_max)):
+        n_ts = logits.shape[1] - ctb
+        if n_ts <= 0:  # reduced rows with no timestamp column: Σ_ts p = 0 never wins
+            return
+        maxima = torch.stack([logits[:, ctb:].amax(dim=-1), logits[:, :ctb].amax(dim=-1)], 1)
+        slack = math.log(n_ts) + 1e-3  # log n_ts, and float rounding
+        for k, (t, m) in enumerate(maxima.tolist()):  # [k][max_ts, max_text]: one device read
             if t > m or (t + slack >= m and torch.logsumexp(logits[k, ctb:].float(), dim=-1).item() > m):
                 logits[k, :ctb] = NEG_INF
 

@@ -22,5 +22,5 @@ def test_gpu_bench_runs_every_loop_and_checks_tokens():
     for b in ("1", "2"):
         assert {(b, n) for n in ("ar", "exact", "sigmoid", "device-ar", "device-exact γ3")} <= loops
     assert all(r[-1].strip(" |") == "yes" for r in rows), result.output  # every loop gave ar's tokens
-    alphas = [float(r[5]) for r in rows if r[1] == "device-exact γ3"]
+    alphas = [float(r[7]) for r in rows if r[1] == "device-exact γ3"]
     assert all(0.3 < a <= 1.0 for a in alphas)  # the packaged draft, not a random one

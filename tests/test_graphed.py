@@ -132,3 +132,105 @@ def test_device_loop_with_the_packaged_draft_matches_the_host_loop(base_pair, li
     tokens, state = decode_graphed(pair, states, states, opts, gamma=5)
     assert tokens == reference
     assert state.accepted / state.proposed > 0.5  # a real draft: most proposals are kept
+
+
+def test_a_step_changes_its_state_in_place(tiny):
+    """What a CUDA graph replays must find every tensor where the capture saw it: a step may
+    write the state and the caches, never rebind them."""
+    target_states, draft_states = tiny.encode(_mels(3))
+    loop = GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), gamma=3)
+    state, target, draft = loop.start(target_states, draft_states)
+
+    def where() -> list[tuple[int, int]]:
+        held = [state.seq, state.lengths, state.done, state.sum_logprob, state.no_speech]
+        for r in (target, draft):
+            held += [*r.k, *r.v, *(t for kv in r.cross for t in kv)]
+        return [(id(t), t.data_ptr()) for t in held]
+
+    before, lengths = where(), state.lengths.clone()
+    for _ in range(3):
+        loop.step(state, target, draft)
+    assert where() == before
+    assert (state.lengths > lengths).all()  # the steps did write: every row grew
+
+
+def test_a_later_decode_reuses_the_workspace(tiny):
+    """A second decode of the same shape runs in the first one's tensors (on CUDA: its graph),
+    refilled with the new encoder states, and gives the host loop's tokens."""
+    task = Task.build(tiny, AR, "en", None)
+    loop = GraphedGreedy(tiny, AR, task, gamma=3)
+    first, state = loop.run(*tiny.encode(_mels(3)))
+    runners = (loop._current.target, loop._current.draft)
+    other = torch.randn(3, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(5)) * 20
+    tokens, again = loop.run(*tiny.encode(other))
+    assert again is state and (loop._current.target, loop._current.draft) == runners
+    assert len(loop.workspaces) == 1
+    assert tokens == [r.tokens for r in decode(tiny, other, AR)] != first
+    assert loop.run(*tiny.encode(_mels(3)))[0] == first
+    a = decode_graphed(tiny, *tiny.encode(_mels(3)), AR, 3)
+    assert decode_graphed(tiny, *tiny.encode(_mels(3)), AR, 3)[1] is a[1]  # decode_graphed keeps its loop
+
+
+def test_graphs_need_a_cuda_device(tiny):
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), 3, graphs=True)
+
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda():
+    from dataclasses import replace
+
+    pair = toy_pair(seed=3)
+    pair = replace(pair, target=pair.target.to("cuda"), draft=None, device=torch.device("cuda"))
+    return with_self_draft(pair, 1)
+
+
+@needs_cuda
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
+    mel = _mels(3)
+    reference = [r.tokens for r in decode(tiny_cuda, mel, AR)]
+    target_states, draft_states = tiny_cuda.encode(mel.to("cuda"))
+    loop = GraphedGreedy(tiny_cuda, AR, Task.build(tiny_cuda, AR, "en", None), gamma)
+    assert loop.graphs  # on by default on CUDA
+    tokens, state = loop.run(target_states, draft_states)
+    assert tokens == reference
+    assert loop.capture_error is None and loop.captures == 1
+    assert 0 < state.replays == state.passes - graphed.WARM_STEPS
+    tokens, state = loop.run(target_states, draft_states)  # the kept graph, every step
+    assert tokens == reference and loop.captures == 1 and state.replays == state.passes
+
+
+@needs_cuda
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_step_never_synchronises_but_for_its_one_read(tiny_cuda, graphs, monkeypatch):
+    """CUDA's sync debug mode raises on any synchronising call inside a step (eager, or a
+    graph replay after a first decode captured it); only `Steps.read` may synchronise."""
+    target_states, draft_states = tiny_cuda.encode(_mels(3).to("cuda"))
+    loop = GraphedGreedy(tiny_cuda, AR, Task.build(tiny_cuda, AR, "en", None), 3, graphs=graphs)
+    if graphs:
+        loop.run(target_states, draft_states)  # warm-ups and the capture (which synchronises once)
+    real_read = graphed.Steps.read
+
+    def read(self, flags):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return real_read(self, flags)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(graphed.Steps, "read", read)
+    state, target, draft = loop.start(target_states, draft_states)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while not all(loop.step(state, target, draft)[3:]):
+            pass
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert state.passes > 3 and state.reads == state.passes
+    assert state.replays == (state.passes if graphs else 0)

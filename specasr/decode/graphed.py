@@ -24,10 +24,15 @@ same algorithm at T = 0 with all per-step state on the device:
 One host read per step: the rows' [accepted | done] flags, for stopping and statistics.
 
 Every pass has fixed shapes for a given (B, γ): draft T = 2, draft T = 1, target T = γ + 1
-(γ = 0 is target-only decoding). On CUDA each pass can be captured once as a graph and
-replayed. That capture needs a GPU and is not written yet. On a CPU the passes run eagerly,
-and the tests check that their tokens are the host loop's, and that no step reads a value
-back other than through `Steps.read`.
+(γ = 0 is target-only decoding), and a step changes its state in place (`_advance`): no
+tensor it reads or writes is rebound. So on CUDA the whole step (γ draft passes, the
+target's pass, acceptance and the state update) is captured once as one CUDA graph, after
+`WARM_STEPS` eager steps, and replayed: one launch and one host read per step. The graph,
+the runners' caches and the state tensors form a workspace per batch size that later
+decodes reuse (`start` refills it), so a graph is captured once per (B, γ), not per decode.
+On a CPU the steps run eagerly; the tests check that their tokens are the host loop's,
+that no step reads a value back other than through `Steps.read`, and that a step keeps
+every tensor where it was.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor) -> Tensor:
     return dec.logits(x)
 
 
+WARM_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisations run first)
+
+
 @dataclass
 class Steps:
     """Device-side decoding state of B rows that share a task, and its statistics."""
@@ -79,22 +87,57 @@ class Steps:
     passes: int = 0  # target passes (steps)
     proposed: int = 0  # draft tokens proposed to live rows
     accepted: int = 0
+    replays: int = 0  # steps run as a CUDA graph replay
     history: list[list[int]] = field(default_factory=list)  # per step: accepted per row (-1: done)
 
-    def read(self, n: Tensor, live: Tensor) -> list[int]:
-        """The step's only device -> host read: accepted counts [B] and the done flags."""
-        host = torch.cat([torch.where(live, n, -1), self.done.long()]).tolist()
+    def read(self, flags: Tensor) -> list[int]:
+        """The step's only device -> host read: flags [2B] = accepted counts (-1: done row),
+        then the done flags."""
+        host = flags.tolist()
         self.reads += 1
-        B = len(host) // 2
-        self.history.append(host[:B])
+        self.history.append(host[: len(host) // 2])
         return host
+
+    def reset(self, init: list[int], fill: int) -> None:
+        """A new decode in the same tensors (a reused workspace): the start sequence, nothing
+        done, no log-probability yet, and the counts at zero."""
+        self.seq.fill_(fill)
+        self.seq[:, : len(init)] = torch.tensor(init, device=self.seq.device)
+        self.lengths.fill_(len(init))
+        self.done.zero_()
+        self.sum_logprob.zero_()
+        self.reads = self.passes = self.proposed = self.accepted = self.replays = 0
+        self.history = []
+
+
+@dataclass
+class Workspace:
+    """What a captured step reads and writes, kept for the next decode of the same shape: the
+    state, both runners (caches and cross K/V), and the graph with its output flags."""
+
+    steps: Steps
+    target: LeanRunner
+    draft: LeanRunner | None
+    graph: object | None = None  # torch.cuda.CUDAGraph once captured
+    flags: Tensor | None = None  # [2B] long: the captured step's output
+
+    def refill(self, target: LeanRunner, draft: LeanRunner | None) -> None:
+        """Copies fresh runners' cross-attention K/V (new encoder states) into the kept ones."""
+        pairs = [(self.target, target)] + ([(self.draft, draft)] if draft is not None else [])
+        for kept, fresh in pairs:
+            for (k0, v0), (k1, v1) in zip(kept.cross, fresh.cross):
+                k0.copy_(k1)
+                v0.copy_(v1)
 
 
 class GraphedGreedy:
     """Greedy decoding (γ > 0: speculative with the pair's draft; γ = 0: target only) with the
-    passes `fixed_pass` runs. Tokens are the target's greedy tokens, as the host loop's."""
+    passes `fixed_pass` runs. Tokens are the target's greedy tokens, as the host loop's.
+    graphs: capture each step as a CUDA graph (None: on CUDA devices)."""
 
-    def __init__(self, pair, options: DecodeOptions, task: Task, gamma: int) -> None:
+    def __init__(
+        self, pair, options: DecodeOptions, task: Task, gamma: int, graphs: bool | None = None
+    ) -> None:
         if options.temperature != 0:
             raise ValueError("the device-side loop decodes at temperature 0 only")
         if gamma and pair.draft is None:
@@ -105,6 +148,13 @@ class GraphedGreedy:
         if len(task.init) < 2:  # only timestamped English-only starts are shorter, refused above
             raise ValueError("the start sequence must hold at least two tokens")
         self.eot = pair.tokenizer.eot
+        self.graphs = pair.device.type == "cuda" if graphs is None else graphs
+        if self.graphs and pair.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.workspaces: dict[tuple, Workspace] = {}
+        self.captures = 0  # graphs captured so far (one per workspace)
+        self.capture_error: str | None = None  # why capture failed, if it did (then eager)
+        self._side = None  # the CUDA stream of warm-ups and capture
 
     def _filtered(self, logits: Tensor, context: Tensor) -> Tensor:
         """logits [..., V] predicting the token after `context` [...] tokens -> filtered."""
@@ -115,27 +165,40 @@ class GraphedGreedy:
     def start(
         self, target_states: Tensor, draft_states: Tensor | None
     ) -> tuple[Steps, LeanRunner, LeanRunner | None]:
-        """Prefills both caches with the start sequence but its last token."""
+        """Prefills both caches with the start sequence but its last token. A workspace of the
+        same shapes (an earlier decode's) is refilled and reused, its graph with it."""
         B, dev, init = target_states.shape[0], target_states.device, self.task.init
         target = make_runner(self.pair.target, target_states)
         draft = make_runner(self.pair.draft, draft_states, target) if self.gamma else None
-        seq = torch.full((B, N_TEXT_CTX), self.eot, dtype=torch.long, device=dev)
-        seq[:, : len(init)] = torch.tensor(init, device=dev)
+        key = (tuple(target_states.shape), None if draft_states is None else tuple(draft_states.shape))
+        ws = self.workspaces.get(key)
+        if ws is None:
+            steps = Steps(
+                torch.empty(B, N_TEXT_CTX, dtype=torch.long, device=dev),
+                torch.zeros(B, dtype=torch.long, device=dev),
+                torch.zeros(B, dtype=torch.bool, device=dev),
+                torch.zeros(B, device=dev),
+                torch.zeros(B, device=dev),
+            )
+            ws = self.workspaces[key] = Workspace(steps, target, draft)
+        else:
+            ws.refill(target, draft)
+        ws.steps.reset(init, self.eot)
+        s = ws.steps
         pos = torch.arange(len(init) - 1, device=dev).expand(B, -1)  # [B, P]
-        logits = fixed_pass(target, seq[:, : len(init) - 1], pos)  # [B, P, V]
-        if draft is not None:
-            fixed_pass(draft, seq[:, : len(init) - 1], pos)
+        logits = fixed_pass(ws.target, s.seq[:, : len(init) - 1], pos)  # [B, P, V]
+        if ws.draft is not None:
+            fixed_pass(ws.draft, s.seq[:, : len(init) - 1], pos)
         sot = self.task.sot_index
-        no_speech = torch.softmax(logits[:, sot].float(), -1)[:, self.pair.tokenizer.no_speech]
-        zeros = torch.zeros(B, device=dev)
-        lengths = torch.full((B,), len(init), dtype=torch.long, device=dev)
-        steps = Steps(seq, lengths, torch.zeros(B, dtype=torch.bool, device=dev), zeros, no_speech)
-        return steps, target, draft
+        s.no_speech.copy_(torch.softmax(logits[:, sot].float(), -1)[:, self.pair.tokenizer.no_speech])
+        self._current = ws
+        return s, ws.target, ws.draft
 
-    @torch.inference_mode()
-    def step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> list[int]:
-        """One speculative step for every row (done rows run and change nothing); returns the
-        host read (accepted counts, -1 for done rows, then the done flags)."""
+    def _advance(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> Tensor:
+        """One speculative step for every row (done rows run and change nothing), all on the
+        device and in place: no tensor of `s` or of the runners is rebound, so the step can be
+        replayed from a CUDA graph. -> flags [2B] long: accepted counts (-1: a done row), then
+        the done flags."""
         g, L, last = self.gamma, s.lengths, N_TEXT_CTX - 1
         B, dev = L.shape[0], L.device
         ar = torch.arange(g + 1, device=dev)  # [γ+1]
@@ -165,13 +228,51 @@ class GraphedGreedy:
         wpos = (L[:, None] + ar).clamp(max=last)
         s.seq.scatter_(1, wpos, torch.where(keep, new, s.seq.gather(1, wpos)))
         lp = torch.log_softmax(logits, -1).gather(-1, t[..., None])[..., 0]  # [B, γ+1]
-        s.sum_logprob += (lp * keep).sum(1)
-        s.lengths = L + (n + 1) * live
-        s.done = s.done | (live & ((nxt == self.eot) | (s.lengths >= self.task.limit)))
-        host = s.read(n, live)
+        s.sum_logprob.add_((lp * keep).sum(1))
+        lengths = L + (n + 1) * live
+        ended = live & ((nxt == self.eot) | (lengths >= self.task.limit))
+        s.lengths.copy_(lengths)
+        s.done.logical_or_(ended)
+        return torch.cat([torch.where(live, n, -1), s.done.long()])
+
+    def _device_step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> Tensor:
+        """The step's device work: eager, or (CUDA, after `WARM_STEPS`) a graph replay."""
+        ws = getattr(self, "_current", None)
+        if not self.graphs or ws is None or ws.steps is not s:
+            return self._advance(s, target, draft)
+        if ws.graph is None:
+            if self._side is None:  # warm-ups and the capture on one side stream, as CUDA graphs want
+                self._side = torch.cuda.Stream(device=s.seq.device)
+            side = self._side
+            side.wait_stream(torch.cuda.current_stream(s.seq.device))
+            if s.passes < WARM_STEPS:
+                with torch.cuda.stream(side):
+                    flags = self._advance(s, target, draft)
+                torch.cuda.current_stream(s.seq.device).wait_stream(side)
+                return flags
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=side):
+                    ws.flags = self._advance(s, target, draft)  # recorded, not run
+            except RuntimeError as e:  # a capture that fails leaves the state untouched: go eager
+                self.capture_error, self.graphs = str(e).splitlines()[0], False
+                torch.cuda.synchronize(s.seq.device)
+                return self._advance(s, target, draft)
+            ws.graph = graph
+            self.captures += 1
+        ws.graph.replay()
+        s.replays += 1
+        return ws.flags
+
+    @torch.inference_mode()
+    def step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> list[int]:
+        """One speculative step for every row (done rows run and change nothing); returns the
+        host read (accepted counts, -1 for done rows, then the done flags)."""
+        host = s.read(self._device_step(s, target, draft))
+        B = len(host) // 2
         alive = [x >= 0 for x in host[:B]]
         s.passes += 1
-        s.proposed += g * sum(alive)
+        s.proposed += self.gamma * sum(alive)
         s.accepted += sum(x for x in host[:B] if x > 0)
         return host
 
@@ -189,11 +290,26 @@ class GraphedGreedy:
         return out, s
 
 
+_LOOPS: dict[tuple, tuple[object, GraphedGreedy]] = {}  # decode_graphed's loops, kept for their graphs
+
+
 @torch.inference_mode()
 def decode_graphed(
-    pair, target_states: Tensor, draft_states: Tensor | None, options: DecodeOptions, gamma: int
+    pair,
+    target_states: Tensor,
+    draft_states: Tensor | None,
+    options: DecodeOptions,
+    gamma: int,
+    graphs: bool | None = None,
 ) -> tuple[list[list[int]], Steps]:
     """`decode.loop.decode_states` for the device-side loop: greedy tokens per row (the
-    language detected when `options` names none), and the loop's state and counts."""
+    language detected when `options` names none), and the loop's state and counts. The loop
+    (and so its captured graphs) is kept for the next call with the same pair, task and γ."""
     task = Task.build(pair, options, task_language(pair, options, target_states), None)
-    return GraphedGreedy(pair, options, task, gamma).run(target_states, draft_states)
+    key = (id(pair), tuple(task.init), task.limit, options, gamma, graphs)
+    kept = _LOOPS.get(key)
+    if kept is None or kept[0] is not pair:
+        if len(_LOOPS) >= 8:
+            _LOOPS.clear()
+        kept = _LOOPS[key] = (pair, GraphedGreedy(pair, options, task, gamma, graphs))
+    return kept[1].run(target_states, draft_states)

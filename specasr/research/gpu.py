@@ -6,14 +6,17 @@ For each batch size B, the LibriVox clips are stacked (repeated) into B rows and
 Then every configuration decodes the same encoder states, interleaved `repeats` times:
 
 - `ar`, `exact`, `sigmoid`: the host loop (`decode.loop.decode_states`);
-- `device-ar`, `device-exact`: the capture-safe device loop (`decode.graphed`; γ = `--gamma`),
-  eager: its CUDA graphs are not captured yet;
+- `device-ar`, `device-exact`: the device loop (`decode.graphed`; γ = `--gamma`), each
+  step one CUDA graph replay on CUDA (captured in the warm-up run, kept for the timed
+  ones); on CUDA also `… eager`, the same loop without graphs;
 - `--hf`: transformers' `generate` on the same encoder outputs, alone and with the packaged
   draft exported as its assistant (`specasr distill export`).
 
-A row reports the median decoder-phase seconds, the ratio to `ar`, tokens per second, α̂
-(accepted / proposed), peak device memory, and whether its tokens equal `ar`'s. Timing
-synchronises the device around each whole decode, never inside one. `--faster-whisper` adds
+A row reports the median decoder-phase seconds, the ratio to `ar`, end to end (the median
+encoder time of the B rows plus the decoder phase: HF's rows decode our encoder's states,
+so they are charged our encoder's time), tokens per second, α̂ (accepted / proposed), peak
+device memory, and whether its tokens equal `ar`'s. Timing synchronises the device around
+each whole decode, never inside one. `--faster-whisper` adds
 faster-whisper's end-to-end time at B = 1 on its CTranslate2 files: float16 on CUDA, or the
 same compute type on a CPU.
 
@@ -40,6 +43,7 @@ class Row:
     name: str
     batch: int
     seconds: float  # median decoder phase
+    encode: float  # median encoder seconds of the B rows (same for every loop of a batch)
     tokens: int  # tokens decoded per run (all rows)
     alpha: float | None
     peak_mb: float | None
@@ -75,15 +79,17 @@ def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base") 
 
         return run
 
-    def device(g: int):
+    def device(g: int, graphs: bool | None = None):
         def run(states):
-            tokens, s = decode_graphed(pair, states, states, opts, g)
+            tokens, s = decode_graphed(pair, states, states, opts, g, graphs)
             return tokens, s.accepted, s.proposed
 
         return run
 
     runs = {"ar": host("autoregressive"), "exact": host("exact"), "sigmoid": host("sigmoid")}
     runs["device-ar"], runs[f"device-exact γ{gamma}"] = device(0), device(gamma)
+    if pair.device.type == "cuda":  # the same loop without its graphs
+        runs["device-ar eager"], runs[f"device-exact γ{gamma} eager"] = device(0, False), device(gamma, False)
     if hf_dir is not None:
         runs.update(_hf_runs(pair, hf_dir, preset))
     return runs
@@ -133,8 +139,15 @@ def bench(
     rows = []
     for B in batches:
         index = torch.arange(B) % mels.shape[0]
-        with torch.inference_mode():
-            states, _ = pair.encode(mels[index].to(dev))  # [B, 1500, d]
+        encodes = []
+        for _ in range(repeats + 1):
+            _sync(dev)
+            t = time.perf_counter()
+            with torch.inference_mode():
+                states, _ = pair.encode(mels[index].to(dev))  # [B, 1500, d]
+            _sync(dev)
+            encodes.append(time.perf_counter() - t)
+        encode = statistics.median(encodes[1:])
         out = {}
         for k, run in runs.items():  # warm-up (allocations, kernel selection)
             out[k] = run(states)
@@ -158,6 +171,7 @@ def bench(
                     k,
                     B,
                     statistics.median(times[k]),
+                    encode,
                     sum(map(len, toks)),
                     acc / prop if prop else None,
                     peaks[k],
@@ -170,15 +184,17 @@ def bench(
 def table(rows: list[Row]) -> str:
     ar = {r.batch: r.seconds for r in rows if r.name == "ar"}
     lines = [
-        "| B | loop | decoder s | vs ar | tokens/s | α̂ | peak MB | same tokens as ar |",
-        "|---|---|---|---|---|---|---|---|",
+        "| B | loop | decoder s | vs ar | e2e s | vs ar | tokens/s | α̂ | peak MB | same tokens as ar |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         alpha = "—" if r.alpha is None else f"{r.alpha:.3f}"
         peak = "—" if r.peak_mb is None else f"{r.peak_mb:.0f}"
+        e2e, ar_e2e = r.encode + r.seconds, r.encode + ar[r.batch]
         lines.append(
-            f"| {r.batch} | {r.name} | {r.seconds:.3f} | {ar[r.batch] / r.seconds:.2f}× | "
-            f"{r.tokens / r.seconds:.0f} | {alpha} | {peak} | {'yes' if r.same else 'NO'} |"
+            f"| {r.batch} | {r.name} | {r.seconds:.4f} | {ar[r.batch] / r.seconds:.2f}× | {e2e:.4f} | "
+            f"{ar_e2e / e2e:.2f}× | {r.tokens / r.seconds:.0f} | {alpha} | {peak} | "
+            f"{'yes' if r.same else 'NO'} |"
         )
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from toy import TOY_FRAMES, toy_pair
 
 from specasr.cpu.lean import LeanDecoder
 from specasr.decode import graphed
+from specasr.decode.gamma import AdaptiveGamma, FixedGamma
 from specasr.decode.graphed import GraphedGreedy, decode_graphed
 from specasr.decode.loop import decode
 from specasr.decode.task import Task
@@ -206,6 +207,19 @@ def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
 
 
 @needs_cuda
+def test_cuda_graphs_for_every_gamma_a_policy_may_pick(tiny_cuda):
+    mel = _mels(3)
+    reference = [r.tokens for r in decode(tiny_cuda, mel, AR)]
+    states = tiny_cuda.encode(mel.to("cuda"))
+    loop = GraphedGreedy(tiny_cuda, AR, Task.build(tiny_cuda, AR, "en", None), AdaptiveGamma(3, 6))
+    for _ in range(2):
+        tokens, state = loop.run(*states)
+        assert tokens == reference
+    assert loop.capture_error is None and loop.captures == 6  # γ = 1 … 6, captured once
+    assert state.replays == state.passes and len(set(state.gammas)) > 1
+
+
+@needs_cuda
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cuda_step_never_synchronises_but_for_its_one_read(tiny_cuda, graphs, monkeypatch):
     """CUDA's sync debug mode raises on any synchronising call inside a step (eager, or a
@@ -234,3 +248,22 @@ def test_cuda_step_never_synchronises_but_for_its_one_read(tiny_cuda, graphs, mo
         torch.cuda.set_sync_debug_mode("default")
     assert state.passes > 3 and state.reads == state.passes
     assert state.replays == (state.passes if graphs else 0)
+
+
+@pytest.mark.parametrize("runner_kind", ["eager"], indirect=True)
+def test_an_adaptive_gamma_picks_each_steps_gamma_from_its_read(tiny, runner_kind):
+    """γ policy on the device loop: γ moves with the accepted counts the one read brings
+    back (+2 when every proposal was kept, else −1), and the tokens stay the host loop's."""
+    mel = _mels(3)
+    reference = [r.tokens for r in decode(tiny, mel, AR)]
+    loop = GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), AdaptiveGamma(3, 6))
+    tokens, state = loop.run(*tiny.encode(mel))
+    assert tokens == reference
+    assert state.gammas[0] == 3 and len(set(state.gammas)) > 1 and max(state.gammas) <= 6
+    for g, rows, nxt in zip(state.gammas, state.history, state.gammas[1:]):
+        fewest = min(n for n in rows if n >= 0)
+        assert nxt == (min(6, g + 2) if fewest >= g else max(1, g - 1))
+    again, second = loop.run(*tiny.encode(mel))  # a later decode starts from γ = 3 again
+    assert again == reference and second.gammas == state.gammas
+    with pytest.raises(ValueError, match="gamma_max"):
+        GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), FixedGamma(3))

@@ -45,6 +45,7 @@ from torch import Tensor
 from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
 from specasr.decode.filters import static_masks
+from specasr.decode.gamma import GammaPolicy
 from specasr.decode.runners import make_runner
 from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
@@ -89,6 +90,7 @@ class Steps:
     accepted: int = 0
     replays: int = 0  # steps run as a CUDA graph replay
     history: list[list[int]] = field(default_factory=list)  # per step: accepted per row (-1: done)
+    gammas: list[int] = field(default_factory=list)  # per step: its γ
 
     def read(self, flags: Tensor) -> list[int]:
         """The step's only device -> host read: flags [2B] = accepted counts (-1: done row),
@@ -107,19 +109,19 @@ class Steps:
         self.done.zero_()
         self.sum_logprob.zero_()
         self.reads = self.passes = self.proposed = self.accepted = self.replays = 0
-        self.history = []
+        self.history, self.gammas = [], []
 
 
 @dataclass
 class Workspace:
     """What a captured step reads and writes, kept for the next decode of the same shape: the
-    state, both runners (caches and cross K/V), and the graph with its output flags."""
+    state, both runners (caches and cross K/V), and per γ the captured step with its output
+    flags [2B] (one memory pool for all of them: they are replayed one at a time)."""
 
     steps: Steps
     target: LeanRunner
     draft: LeanRunner | None
-    graph: object | None = None  # torch.cuda.CUDAGraph once captured
-    flags: Tensor | None = None  # [2B] long: the captured step's output
+    graphs: dict[int, tuple[object, Tensor]] = field(default_factory=dict)  # γ -> (CUDAGraph, flags)
 
     def refill(self, target: LeanRunner, draft: LeanRunner | None) -> None:
         """Copies fresh runners' cross-attention K/V (new encoder states) into the kept ones."""
@@ -133,21 +135,34 @@ class Workspace:
 class GraphedGreedy:
     """Greedy decoding (γ > 0: speculative with the pair's draft; γ = 0: target only) with the
     passes `fixed_pass` runs. Tokens are the target's greedy tokens, as the host loop's.
+    gamma: a fixed γ, or a `GammaPolicy` that picks each step's γ (1 … its gamma_max) from the
+    accepted counts the step's one read brings back; every γ it may pick has its own graph.
     graphs: capture each step as a CUDA graph (None: on CUDA devices)."""
 
     def __init__(
-        self, pair, options: DecodeOptions, task: Task, gamma: int, graphs: bool | None = None
+        self,
+        pair,
+        options: DecodeOptions,
+        task: Task,
+        gamma: int | GammaPolicy,
+        graphs: bool | None = None,
     ) -> None:
         if options.temperature != 0:
             raise ValueError("the device-side loop decodes at temperature 0 only")
-        if gamma and pair.draft is None:
+        if (gamma if isinstance(gamma, int) else 1) and pair.draft is None:
             raise ValueError("γ > 0 needs a draft")
-        self.pair, self.task, self.gamma = pair, task, gamma
+        self.policy = gamma if isinstance(gamma, GammaPolicy) else None
+        if self.policy is not None and not hasattr(self.policy, "gamma_max"):
+            raise ValueError(f"{type(gamma).__name__}: the device loop needs a policy with a gamma_max")
+        self.gamma = gamma.gamma if self.policy is not None else gamma  # γ of the next step
+        self.gammas = [gamma] if self.policy is None else list(range(1, self.policy.gamma_max + 1))
+        self.pair, self.task = pair, task
         V = pair.target.config.vocab_size
         self.always, self.at_begin = static_masks(task.filters, V, pair.device)  # [V] bool each
         if len(task.init) < 2:  # only timestamped English-only starts are shorter, refused above
             raise ValueError("the start sequence must hold at least two tokens")
         self.eot = pair.tokenizer.eot
+        self.start_gamma = self.gamma
         self.graphs = pair.device.type == "cuda" if graphs is None else graphs
         if self.graphs and pair.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -185,6 +200,9 @@ class GraphedGreedy:
             ws.refill(target, draft)
         ws.steps.reset(init, self.eot)
         s = ws.steps
+        self.gamma = self.start_gamma
+        if self.policy is not None:
+            self.policy.gamma = self.start_gamma  # each decode starts where the first did
         pos = torch.arange(len(init) - 1, device=dev).expand(B, -1)  # [B, P]
         logits = fixed_pass(ws.target, s.seq[:, : len(init) - 1], pos)  # [B, P, V]
         if ws.draft is not None:
@@ -194,12 +212,12 @@ class GraphedGreedy:
         self._current = ws
         return s, ws.target, ws.draft
 
-    def _advance(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> Tensor:
+    def _advance(self, s: Steps, target: LeanRunner, draft: LeanRunner | None, g: int) -> Tensor:
         """One speculative step for every row (done rows run and change nothing), all on the
         device and in place: no tensor of `s` or of the runners is rebound, so the step can be
         replayed from a CUDA graph. -> flags [2B] long: accepted counts (-1: a done row), then
         the done flags."""
-        g, L, last = self.gamma, s.lengths, N_TEXT_CTX - 1
+        L, last = s.lengths, N_TEXT_CTX - 1
         B, dev = L.shape[0], L.device
         ar = torch.arange(g + 1, device=dev)  # [γ+1]
         d = torch.empty(B, 0, dtype=torch.long, device=dev)  # [B, γ] drafts
@@ -235,45 +253,59 @@ class GraphedGreedy:
         s.done.logical_or_(ended)
         return torch.cat([torch.where(live, n, -1), s.done.long()])
 
-    def _device_step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> Tensor:
-        """The step's device work: eager, or (CUDA, after `WARM_STEPS`) a graph replay."""
+    def _device_step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None, g: int) -> Tensor:
+        """The step's device work at γ = g: eager, or (CUDA, after `WARM_STEPS` eager steps of
+        the workspace's first decode) a graph replay. The first capture records a graph for
+        every γ the loop may pick: capturing runs nothing, so the state is left as it was."""
         ws = getattr(self, "_current", None)
         if not self.graphs or ws is None or ws.steps is not s:
-            return self._advance(s, target, draft)
-        if ws.graph is None:
+            return self._advance(s, target, draft, g)
+        if not ws.graphs:
+            dev = s.seq.device
             if self._side is None:  # warm-ups and the capture on one side stream, as CUDA graphs want
-                self._side = torch.cuda.Stream(device=s.seq.device)
+                self._side = torch.cuda.Stream(device=dev)
             side = self._side
-            side.wait_stream(torch.cuda.current_stream(s.seq.device))
+            side.wait_stream(torch.cuda.current_stream(dev))
             if s.passes < WARM_STEPS:
                 with torch.cuda.stream(side):
-                    flags = self._advance(s, target, draft)
-                torch.cuda.current_stream(s.seq.device).wait_stream(side)
+                    flags = self._advance(s, target, draft, g)
+                torch.cuda.current_stream(dev).wait_stream(side)
                 return flags
             try:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=side):
-                    ws.flags = self._advance(s, target, draft)  # recorded, not run
-            except RuntimeError as e:  # a capture that fails leaves the state untouched: go eager
+                pool = None
+                for k in self.gammas:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=side):
+                        flags = self._advance(s, target, draft, k)  # recorded, not run
+                    pool = graph.pool()
+                    ws.graphs[k] = (graph, flags)
+                    self.captures += 1
+            except RuntimeError as e:  # a failed capture leaves the state untouched: go eager
                 self.capture_error, self.graphs = str(e).splitlines()[0], False
-                torch.cuda.synchronize(s.seq.device)
-                return self._advance(s, target, draft)
-            ws.graph = graph
-            self.captures += 1
-        ws.graph.replay()
+                ws.graphs.clear()
+                torch.cuda.synchronize(dev)
+                return self._advance(s, target, draft, g)
+        graph, flags = ws.graphs[g]
+        graph.replay()
         s.replays += 1
-        return ws.flags
+        return flags
 
     @torch.inference_mode()
     def step(self, s: Steps, target: LeanRunner, draft: LeanRunner | None) -> list[int]:
         """One speculative step for every row (done rows run and change nothing); returns the
-        host read (accepted counts, -1 for done rows, then the done flags)."""
-        host = s.read(self._device_step(s, target, draft))
+        host read (accepted counts, -1 for done rows, then the done flags). A γ policy hears
+        the fewest accepted over the live rows and picks the next step's γ."""
+        g = self.gamma
+        host = s.read(self._device_step(s, target, draft, g))
         B = len(host) // 2
-        alive = [x >= 0 for x in host[:B]]
+        live = [x for x in host[:B] if x >= 0]
         s.passes += 1
-        s.proposed += self.gamma * sum(alive)
-        s.accepted += sum(x for x in host[:B] if x > 0)
+        s.gammas.append(g)
+        s.proposed += g * len(live)
+        s.accepted += sum(live)
+        if self.policy is not None and live:
+            self.policy.update(g, min(live), per_row=live)
+            self.gamma = min(max(self.policy.next(len(live)), 1), self.gammas[-1])
         return host
 
     def run(self, target_states: Tensor, draft_states: Tensor | None = None) -> tuple[list[list[int]], Steps]:
@@ -299,14 +331,15 @@ def decode_graphed(
     target_states: Tensor,
     draft_states: Tensor | None,
     options: DecodeOptions,
-    gamma: int,
+    gamma: int | GammaPolicy,
     graphs: bool | None = None,
 ) -> tuple[list[list[int]], Steps]:
     """`decode.loop.decode_states` for the device-side loop: greedy tokens per row (the
     language detected when `options` names none), and the loop's state and counts. The loop
-    (and so its captured graphs) is kept for the next call with the same pair, task and γ."""
+    (and so its captured graphs) is kept for the next call with the same pair, task and γ (a
+    policy: the same policy as constructed, i.e. its repr when it is handed in)."""
     task = Task.build(pair, options, task_language(pair, options, target_states), None)
-    key = (id(pair), tuple(task.init), task.limit, options, gamma, graphs)
+    key = (id(pair), tuple(task.init), task.limit, options, repr(gamma), graphs)
     kept = _LOOPS.get(key)
     if kept is None or kept[0] is not pair:
         if len(_LOOPS) >= 8:

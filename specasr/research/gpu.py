@@ -64,8 +64,9 @@ def _peak(device: torch.device, reset: bool = False) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base") -> dict:
+def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base", gamma_max: int = 8) -> dict:
     """name -> decode(states) -> (tokens per row, accepted, proposed)."""
+    from specasr.decode.gamma import AdaptiveGamma
     from specasr.decode.graphed import decode_graphed
     from specasr.decode.loop import decode_states
 
@@ -88,6 +89,9 @@ def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base") 
 
     runs = {"ar": host("autoregressive"), "exact": host("exact"), "sigmoid": host("sigmoid")}
     runs["device-ar"], runs[f"device-exact γ{gamma}"] = device(0), device(gamma)
+    runs[f"device-exact adaptive γ{gamma}…{gamma_max}"] = lambda states: device(
+        AdaptiveGamma(gamma, gamma_max)
+    )(states)
     if pair.device.type == "cuda":  # the same loop without its graphs
         runs["device-ar eager"], runs[f"device-exact γ{gamma} eager"] = device(0, False), device(gamma, False)
     if hf_dir is not None:
@@ -124,6 +128,19 @@ def _hf_runs(pair, hf_dir: Path, preset: str) -> dict:
     return {"hf": lambda s: run(s), "hf-assisted": lambda s: run(s, assistant)}
 
 
+def _over(run, groups: list[torch.Tensor]):
+    """A configuration over every group of rows in turn -> (tokens, accepted, proposed), or None
+    where it cannot run that batch."""
+    tokens, acc, prop = [], 0, 0
+    for states in groups:
+        out = run(states)
+        if out is None:
+            return None
+        tokens += out[0]
+        acc, prop = (None, None) if out[1] is None or acc is None else (acc + out[1], prop + out[2])
+    return tokens, acc, prop
+
+
 def bench(
     pair,
     mels: torch.Tensor,
@@ -132,25 +149,27 @@ def bench(
     gamma: int,
     hf_dir: Path | None,
     preset: str = "base",
+    gamma_max: int = 8,
 ) -> list[Row]:
-    """mels [n, n_mels, 3000] -> rows per batch size and configuration."""
-    dev = pair.device
-    runs = configurations(pair, gamma, hf_dir, preset)
+    """mels [n, n_mels, 3000] -> rows per batch size and configuration. B = 1 decodes every
+    clip in turn; B > 1 stacks the clips (repeated) into one batch of B rows."""
+    dev, n = pair.device, mels.shape[0]
+    runs = configurations(pair, gamma, hf_dir, preset, gamma_max)
     rows = []
     for B in batches:
-        index = torch.arange(B) % mels.shape[0]
+        index = [[i] for i in range(n)] if B == 1 else [[i % n for i in range(B)]]
         encodes = []
         for _ in range(repeats + 1):
             _sync(dev)
             t = time.perf_counter()
             with torch.inference_mode():
-                states, _ = pair.encode(mels[index].to(dev))  # [B, 1500, d]
+                groups = [pair.encode(mels[i].to(dev))[0] for i in index]  # each [B, 1500, d]
             _sync(dev)
             encodes.append(time.perf_counter() - t)
         encode = statistics.median(encodes[1:])
         out = {}
-        for k, run in runs.items():  # warm-up (allocations, kernel selection)
-            out[k] = run(states)
+        for k, run in runs.items():  # warm-up (allocations, kernel selection, graph capture)
+            out[k] = _over(run, groups)
         live = {k: run for k, run in runs.items() if out[k] is not None}
         times = {k: [] for k in live}
         peaks = {}
@@ -159,7 +178,7 @@ def bench(
                 _peak(dev, reset=True)
                 _sync(dev)
                 t = time.perf_counter()
-                out[k] = run(states)
+                out[k] = _over(run, groups)
                 _sync(dev)
                 times[k].append(time.perf_counter() - t)
                 peaks[k] = _peak(dev)
@@ -199,6 +218,123 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+class _Eager:
+    """A CPU stand-in for a captured graph: replay calls the function."""
+
+    def __init__(self, fn) -> None:
+        self.replay = fn
+
+
+def _replay_ms(graph, reps: int) -> float:
+    """Median milliseconds of one replay of `graph`, by CUDA events over `reps` replays, 5 times
+    (on a CPU: `_Eager`, by the wall clock)."""
+    runs = []
+    for _ in range(5):
+        if isinstance(graph, _Eager):
+            t = time.perf_counter()
+            for _ in range(reps):
+                graph.replay()
+            runs.append((time.perf_counter() - t) * 1e3 / reps)
+            continue
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(begin.elapsed_time(end) / reps)
+    return statistics.median(runs)
+
+
+def _graph(fn, device: torch.device):
+    """fn captured as a CUDA graph, after two warm-up calls on the capture's side stream (on a
+    CPU: `_Eager`)."""
+    if device.type != "cuda":
+        return _Eager(fn)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    return graph
+
+
+def token_alpha(history: list[list[int]], gammas: list[int]) -> float:
+    """The per-token acceptance α whose expected accepted count per row and step,
+    α(1 − α^γ)/(1 − α), equals the mean over the live rows of fixed-γ steps."""
+    from specasr.decode.gamma import crossing, expected_tokens
+
+    counts = [(n, g) for rows, g in zip(history, gammas) for n in rows if n >= 0]
+    g = gammas[0]
+    mean = sum(n for n, _ in counts) / len(counts)
+    a = crossing(mean, lambda x: expected_tokens(x, g) - 1, 0.0, 0.999)
+    return 0.999 if a is None else a
+
+
+@torch.inference_mode()
+def breakdown_table(
+    pair, states: torch.Tensor, gamma: int, reps: int | None = None, goal: float = 1.8
+) -> str:
+    """CUDA only: what one step costs, each as a graph replay timed by CUDA events, and what
+    that bounds. target(k): the target's pass over k tokens; draft: one draft token; step:
+    the device loop's whole step (passes, filters, acceptance, state update). c = draft ÷
+    target(1), v(k) = target(k) ÷ target(1), α the per-token acceptance of fixed-γ decoding
+    on these rows (`token_alpha`); the bound is `gamma.best_speedup` (no per-decode costs)."""
+    from specasr.decode.gamma import best_speedup, crossing
+    from specasr.decode.graphed import GraphedGreedy, fixed_pass
+    from specasr.decode.runners import make_runner
+    from specasr.decode.task import Task
+
+    B, dev = states.shape[0], states.device
+    reps = reps or (100 if dev.type == "cuda" else 2)
+    opts = DecodeOptions(mode="autoregressive", language="en")
+    task = Task.build(pair, opts, "en", None)
+    target = make_runner(pair.target, states)
+    draft = make_runner(pair.draft, states, target)
+    tokens = torch.full((B, 9), pair.tokenizer.eot, dtype=torch.long, device=dev)
+    pos = (20 + torch.arange(9, device=dev)).expand(B, -1)
+
+    def ms(fn) -> float:
+        return _replay_ms(_graph(fn, dev), reps)
+
+    t = {k: ms(lambda k=k: fixed_pass(target, tokens[:, :k], pos[:, :k])) for k in range(1, 10)}
+    d = ms(lambda: fixed_pass(draft, tokens[:, :1], pos[:, :1]))
+    steps, alpha = {}, None
+    for g in (0, gamma):
+        loop = GraphedGreedy(pair, opts, task, g, graphs=False)
+        _, st = loop.run(states, states)
+        if g:
+            alpha = token_alpha(st.history, st.gammas)
+        s, tr, dr = loop.start(states, states)  # replays advance these rows: the shapes stay
+        steps[g] = ms(lambda s=s, tr=tr, dr=dr, g=g, loop=loop: loop._advance(s, tr, dr, g))
+    c, v = d / t[1], {k: t[k] / t[1] for k in t}
+    bound, best_g = best_speedup(alpha, c, v)
+    need_a = crossing(goal, lambda a: best_speedup(a, c, v)[0], 0.0, 0.999)
+    need_c = crossing(goal, lambda x: best_speedup(alpha, x, v)[0], 0.0, 1.0)
+    fmt = lambda x: "unreachable" if x is None else f"{x:.3f}"  # noqa: E731
+    curve = ", ".join(f"{k}: {x:.2f}" for k, x in v.items())
+    return "\n".join(
+        [
+            f"| B = {B} ({'CUDA graph replays' if dev.type == 'cuda' else 'eager, CPU'}) | |",
+            "|---|---|",
+            f"| target pass over 1 token | {t[1] * 1e3:.0f} µs |",
+            f"| draft pass over 1 token | {d * 1e3:.0f} µs (c = {c:.3f}) |",
+            f"| v(k) = target(k) ÷ target(1) | {curve} |",
+            f"| device-loop step, autoregressive | {steps[0] * 1e3:.0f} µs |",
+            f"| device-loop step, γ = {gamma} | {steps[gamma] * 1e3:.0f} µs "
+            f"({steps[gamma] / steps[0]:.2f} AR steps) |",
+            f"| per-token α at γ = {gamma} | {alpha:.3f} |",
+            f"| best fixed-γ speedup at this α, c, v | {bound:.2f}× at γ = {best_g} |",
+            f"| α for {goal}× at this c, v | {fmt(need_a)} |",
+            f"| c for {goal}× at this α, v | {fmt(need_c)} |",
+        ]
+    )
+
+
 def faster_whisper_row(files: list[Path], device: str, repeats: int, preset: str = "base") -> str:
     """faster-whisper end to end at B = 1 over the clips (greedy, language en), median of repeats."""
     from faster_whisper import WhisperModel
@@ -235,7 +371,13 @@ def faster_whisper_row(files: list[Path], device: str, repeats: int, preset: str
 )
 @click.option("--hf", "with_hf", is_flag=True, help="Add transformers' generate, alone and assisted.")
 @click.option("--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper end to end at B = 1.")
-def main(model, draft, device, batches, gamma, repeats, clips, data, with_hf, with_fw) -> None:
+@click.option("--gamma-max", type=int, default=8, show_default=True, help="The adaptive device loop's γ cap.")
+@click.option(
+    "--breakdown", is_flag=True, help="Per-pass costs (CUDA: graph replays), c, v(k) and the bound."
+)
+def main(
+    model, draft, device, batches, gamma, repeats, clips, data, with_hf, with_fw, gamma_max, breakdown
+) -> None:
     from specasr.models.loading import draft_path, load_pair
     from specasr.models.presets import PRESETS
     from specasr.research.bench import file_mels
@@ -257,12 +399,19 @@ def main(model, draft, device, batches, gamma, repeats, clips, data, with_hf, wi
             from specasr.models.hf_export import export_hf
 
             hf_dir = export_hf(draft_file, model, Path(tmp) / "draft").out
-        rows = bench(pair, mels, [int(b) for b in batches.split(",")], repeats, gamma, hf_dir, model)
+        sizes = [int(b) for b in batches.split(",")]
+        rows = bench(pair, mels, sizes, repeats, gamma, hf_dir, model, gamma_max)
     name = torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else "CPU"
     click.echo(
         f"\n{model} + {draft} on {name} ({pair.dtype}), {len(files)} LibriVox clips, median of {repeats}\n"
     )
     click.echo(table(rows))
+    if breakdown:
+        for B in sizes:
+            index = [i % len(files) for i in range(B)]
+            with torch.inference_mode():
+                states = pair.encode(mels[index].to(pair.device))[0]
+            click.echo("\n" + breakdown_table(pair, states, gamma))
     if with_fw:
         click.echo("\n" + faster_whisper_row(files, pair.device.type, repeats, model))
 

@@ -40,7 +40,7 @@ def test_gpu_bench_runs_every_loop_and_checks_tokens():
     alphas = [float(r[7]) for r in rows if r[1] == "device-exact γ3"]
     assert all(0.3 < a <= 1.0 for a in alphas)  # the packaged draft, not a random one
     tokens = {r[1]: round(float(r[2]) * float(r[6])) for r in rows if r[0] == "| 1"}  # seconds × tokens/s
-    assert tokens["ar"] > 40  # B = 1 decodes both clips in turn, not the first alone
+    assert tokens["ar"] > 32  # B = 1 decodes both clips in turn (the first alone has 27 tokens)
     c = re.search(r"draft pass over 1 token \| \d+ µs \(c = ([0-9.]+)\)", result.output)
     assert c and 0 < float(c.group(1)) < 1, result.output  # the breakdown, one table per batch size
     assert result.output.count("best fixed-γ speedup at this α, c, v") == 2

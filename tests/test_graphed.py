@@ -204,6 +204,11 @@ def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
     assert 0 < state.replays == state.passes - graphed.WARM_STEPS
     tokens, state = loop.run(target_states, draft_states)  # the kept graph, every step
     assert tokens == reference and loop.captures == 1 and state.replays == state.passes
+    assert loop._current.start_graph is not None  # the second decode captured its prefill too
+    other = torch.randn(3, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(5)) * 20
+    tokens, _ = loop.run(*tiny_cuda.encode(other.to("cuda")))  # new states through the start graph
+    assert tokens == [r.tokens for r in decode(tiny_cuda, other, AR)] != reference
+    assert loop.run(target_states, draft_states)[0] == reference
 
 
 @needs_cuda

@@ -58,10 +58,11 @@ def _argmax(x: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor) -> Tensor:
-    """tokens, pos [B, T] (each token's own position, < 448) -> logits [B, T, V]. Writes the
-    tokens' keys and values at `pos`; query (b, i) attends keys at positions ≤ pos[b, i].
-    Shapes depend on B and T only; `runner.lengths` is neither read nor changed."""
+def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor, reduced: bool = False) -> Tensor:
+    """tokens, pos [B, T] (each token's own position, < 448) -> logits [B, T, V] (reduced: a
+    distilled draft's [B, T, N] over its columns `runner.columns`). Writes the tokens' keys
+    and values at `pos`; query (b, i) attends keys at positions ≤ pos[b, i]. Shapes depend
+    on B and T only; `runner.lengths` is neither read nor changed."""
     dec, K0 = runner.decoder, runner.k[0]
     (B, T), dev = tokens.shape, tokens.device
     mask = (torch.arange(N_TEXT_CTX, device=dev) <= pos[..., None])[:, None]  # [B, 1, T, 448]
@@ -69,7 +70,7 @@ def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor) -> Tensor:
     x = dec.embed(tokens, pos)  # [B, T, d]
     for layer, K, V, (ck, cv) in zip(dec.layers, runner.k, runner.v, runner.cross):
         x = layer(x, ck, cv, mask, cache=(K, V), start=N_TEXT_CTX - T, write=write)
-    return dec.logits(x)
+    return dec.reduced_logits(x) if reduced else dec.logits(x)
 
 
 WARM_STEPS = 2  # eager steps before a CUDA graph is captured (lazy initialisations run first)
@@ -100,14 +101,9 @@ class Steps:
         self.history.append(host[: len(host) // 2])
         return host
 
-    def reset(self, init: list[int], fill: int) -> None:
-        """A new decode in the same tensors (a reused workspace): the start sequence, nothing
-        done, no log-probability yet, and the counts at zero."""
-        self.seq.fill_(fill)
-        self.seq[:, : len(init)] = torch.tensor(init, device=self.seq.device)
-        self.lengths.fill_(len(init))
-        self.done.zero_()
-        self.sum_logprob.zero_()
+    def reset(self) -> None:
+        """The counts of a new decode in the same tensors (`GraphedGreedy._prefill` resets the
+        tensors)."""
         self.reads = self.passes = self.proposed = self.accepted = self.replays = 0
         self.history, self.gammas = [], []
 
@@ -122,12 +118,17 @@ class Workspace:
     target: LeanRunner
     draft: LeanRunner | None
     graphs: dict[int, tuple[object, Tensor]] = field(default_factory=dict)  # γ -> (CUDAGraph, flags)
+    init: Tensor | None = None  # [P] long: the start sequence
+    inputs: tuple[Tensor, Tensor | None] | None = None  # the start graph's encoder states
+    start_graph: object | None = None  # CUDAGraph of `GraphedGreedy._prefill`
 
     def refill(self, target: LeanRunner, draft: LeanRunner | None) -> None:
         """Copies fresh runners' cross-attention K/V (new encoder states) into the kept ones."""
         pairs = [(self.target, target)] + ([(self.draft, draft)] if draft is not None else [])
         for kept, fresh in pairs:
             for (k0, v0), (k1, v1) in zip(kept.cross, fresh.cross):
+                if k0 is k1:
+                    continue
                 k0.copy_(k1)
                 v0.copy_(v1)
 
@@ -170,24 +171,64 @@ class GraphedGreedy:
         self.captures = 0  # graphs captured so far (one per workspace)
         self.capture_error: str | None = None  # why capture failed, if it did (then eager)
         self._side = None  # the CUDA stream of warm-ups and capture
+        self._columns: Tensor | None = None  # a reduced-vocabulary draft's columns [N]
+        self._reduced_masks: tuple[Tensor, Tensor] | None = None  # `always`, `at_begin` on them
 
-    def _filtered(self, logits: Tensor, context: Tensor) -> Tensor:
-        """logits [..., V] predicting the token after `context` [...] tokens -> filtered."""
-        begin = (context == self.task.sample_begin)[..., None] & self.at_begin
-        return logits.masked_fill(self.always | begin, float("-inf"))
+    def _filtered(
+        self, logits: Tensor, context: Tensor, masks: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """logits [..., V] predicting the token after `context` [...] tokens -> filtered.
+        masks: `always` and `at_begin` over other columns (a draft's reduced ones)."""
+        always, at_begin = masks or (self.always, self.at_begin)
+        begin = (context == self.task.sample_begin)[..., None] & at_begin
+        return logits.masked_fill(always | begin, float("-inf"))
+
+    def _draft_token(self, draft: LeanRunner, tokens: Tensor, pos: Tensor, context: Tensor) -> Tensor:
+        """The draft's greedy token [B] after its pass over tokens, pos [B, T]. A reduced-
+        vocabulary draft picks among its own ascending columns: the same token as the full row,
+        whose other columns are −inf, without building that row."""
+        if self._columns is None:
+            return _argmax(self._filtered(fixed_pass(draft, tokens, pos)[:, -1], context))
+        logits = fixed_pass(draft, tokens, pos, reduced=True)[:, -1]  # [B, N]
+        return self._columns[_argmax(self._filtered(logits, context, self._reduced_masks))]
+
+    def _runners(self, target_states: Tensor, draft_states: Tensor | None):
+        target = make_runner(self.pair.target, target_states)
+        draft = make_runner(self.pair.draft, draft_states, target) if self.gammas != [0] else None
+        return target, draft
+
+    def _prefill(self, ws: Workspace, target_states: Tensor, draft_states: Tensor | None, fresh=None) -> None:
+        """The device work of `start`, in place (capturable): the cross K/V of these states
+        into the kept runners, the start sequence, and both caches prefilled with it but its
+        last token. fresh: runners already made on these states (the workspace's own)."""
+        init, B, dev = self.task.init, target_states.shape[0], target_states.device
+        ws.refill(*(fresh or self._runners(target_states, draft_states)))
+        s = ws.steps
+        s.seq.fill_(self.eot)
+        s.seq[:, : len(init)] = ws.init
+        s.lengths.fill_(len(init))
+        s.done.zero_()
+        s.sum_logprob.zero_()
+        pos = torch.arange(len(init) - 1, device=dev).expand(B, -1)  # [B, P]
+        logits = fixed_pass(ws.target, s.seq[:, : len(init) - 1], pos)  # [B, P, V]
+        if ws.draft is not None:
+            fixed_pass(ws.draft, s.seq[:, : len(init) - 1], pos)
+        sot = self.task.sot_index
+        s.no_speech.copy_(torch.softmax(logits[:, sot].float(), -1)[:, self.pair.tokenizer.no_speech])
 
     @torch.inference_mode()
     def start(
         self, target_states: Tensor, draft_states: Tensor | None
     ) -> tuple[Steps, LeanRunner, LeanRunner | None]:
         """Prefills both caches with the start sequence but its last token. A workspace of the
-        same shapes (an earlier decode's) is refilled and reused, its graph with it."""
+        same shapes (an earlier decode's) is refilled and reused, its graphs with it; on CUDA
+        its second decode captures this prefill too, and later ones copy the states in and
+        replay it."""
         B, dev, init = target_states.shape[0], target_states.device, self.task.init
-        target = make_runner(self.pair.target, target_states)
-        draft = make_runner(self.pair.draft, draft_states, target) if self.gamma else None
         key = (tuple(target_states.shape), None if draft_states is None else tuple(draft_states.shape))
         ws = self.workspaces.get(key)
         if ws is None:
+            target, draft = self._runners(target_states, draft_states)
             steps = Steps(
                 torch.empty(B, N_TEXT_CTX, dtype=torch.long, device=dev),
                 torch.zeros(B, dtype=torch.long, device=dev),
@@ -196,21 +237,47 @@ class GraphedGreedy:
                 torch.zeros(B, device=dev),
             )
             ws = self.workspaces[key] = Workspace(steps, target, draft)
+            ws.init = torch.tensor(init, device=dev)
+            self._prefill(ws, target_states, draft_states, (target, draft))
+        elif not self.graphs:
+            self._prefill(ws, target_states, draft_states)
         else:
-            ws.refill(target, draft)
-        ws.steps.reset(init, self.eot)
-        s = ws.steps
+            if ws.inputs is None:
+                shared = draft_states is target_states or draft_states is None
+                ws.inputs = (target_states.clone(), None if shared else draft_states.clone())
+            t_in, d_in = ws.inputs
+            t_in.copy_(target_states)
+            if d_in is not None:
+                d_in.copy_(draft_states)
+            if ws.start_graph is None:
+                try:
+                    graph, side = torch.cuda.CUDAGraph(), self._side_stream(dev)
+                    with torch.cuda.graph(graph, stream=side):  # recorded, not run
+                        self._prefill(ws, t_in, t_in if d_in is None and draft_states is not None else d_in)
+                    ws.start_graph = graph
+                except RuntimeError as e:  # as a step's capture: eager from here on
+                    self.capture_error, self.graphs = str(e).splitlines()[0], False
+                    ws.graphs.clear()
+                    torch.cuda.synchronize(dev)
+            if ws.start_graph is not None:
+                ws.start_graph.replay()
+            else:
+                self._prefill(ws, target_states, draft_states)
+        ws.steps.reset()
         self.gamma = self.start_gamma
         if self.policy is not None:
             self.policy.gamma = self.start_gamma  # each decode starts where the first did
-        pos = torch.arange(len(init) - 1, device=dev).expand(B, -1)  # [B, P]
-        logits = fixed_pass(ws.target, s.seq[:, : len(init) - 1], pos)  # [B, P, V]
-        if ws.draft is not None:
-            fixed_pass(ws.draft, s.seq[:, : len(init) - 1], pos)
-        sot = self.task.sot_index
-        s.no_speech.copy_(torch.softmax(logits[:, sot].float(), -1)[:, self.pair.tokenizer.no_speech])
+        if ws.draft is not None and self._columns is None and ws.draft.vocab is not None:
+            self._columns = ws.draft.columns  # [N]: the draft's reduced columns (ascending tokens)
+            self._reduced_masks = (self.always[self._columns], self.at_begin[self._columns])
         self._current = ws
-        return s, ws.target, ws.draft
+        return ws.steps, ws.target, ws.draft
+
+    def _side_stream(self, dev) -> torch.cuda.Stream:
+        if self._side is None:  # warm-ups and captures on one side stream, as CUDA graphs want
+            self._side = torch.cuda.Stream(device=dev)
+        self._side.wait_stream(torch.cuda.current_stream(dev))
+        return self._side
 
     def _advance(self, s: Steps, target: LeanRunner, draft: LeanRunner | None, g: int) -> Tensor:
         """One speculative step for every row (done rows run and change nothing), all on the
@@ -223,12 +290,10 @@ class GraphedGreedy:
         d = torch.empty(B, 0, dtype=torch.long, device=dev)  # [B, γ] drafts
         if g:
             pos = torch.stack([L - 2, L - 1], 1)  # [B, 2]
-            logits = fixed_pass(draft, s.seq.gather(1, pos), pos)[:, -1]  # [B, V]
-            drafts = [_argmax(self._filtered(logits, L))]
+            drafts = [self._draft_token(draft, s.seq.gather(1, pos), pos, L)]
             for i in range(1, g):
                 pos = (L + i - 1).clamp(max=last)[:, None]  # [B, 1]
-                logits = fixed_pass(draft, drafts[-1][:, None], pos)[:, -1]
-                drafts.append(_argmax(self._filtered(logits, L + i)))
+                drafts.append(self._draft_token(draft, drafts[-1][:, None], pos, L + i))
             d = torch.stack(drafts, 1)
         pos = (L[:, None] - 1 + ar).clamp(max=last)  # [B, γ+1]
         tokens = torch.cat([s.seq.gather(1, (L - 1)[:, None]), d], 1)  # [B, γ+1]
@@ -262,10 +327,7 @@ class GraphedGreedy:
             return self._advance(s, target, draft, g)
         if not ws.graphs:
             dev = s.seq.device
-            if self._side is None:  # warm-ups and the capture on one side stream, as CUDA graphs want
-                self._side = torch.cuda.Stream(device=dev)
-            side = self._side
-            side.wait_stream(torch.cuda.current_stream(dev))
+            side = self._side_stream(dev)
             if s.passes < WARM_STEPS:
                 with torch.cuda.stream(side):
                     flags = self._advance(s, target, draft, g)

@@ -378,7 +378,7 @@ class GraphedGreedy:
             if all(host[len(host) // 2 :]):
                 break
         begin, out = self.task.sample_begin, []
-        for row, n in zip(s.seq.tolist(), s.lengths.tolist()):
+        for n, *row in torch.cat([s.lengths[:, None], s.seq], 1).tolist():  # one read
             toks = row[begin:n]
             out.append(toks[:-1] if toks and toks[-1] == self.eot else toks)
         return out, s

@@ -3,6 +3,8 @@ host loop, fixed pass shapes, and one host read per step."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import with_self_draft
@@ -19,6 +21,7 @@ from specasr.options import DecodeOptions
 
 MAX_NEW = 40
 AR = DecodeOptions(mode="autoregressive", max_new_tokens=MAX_NEW)
+HOST = replace(AR, device_loop=False)  # the host loop on CUDA too (where AR would take the device loop)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +197,7 @@ def tiny_cuda():
 @pytest.mark.parametrize("gamma", [0, 3])
 def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
     mel = _mels(3)
-    reference = [r.tokens for r in decode(tiny_cuda, mel, AR)]
+    reference = [r.tokens for r in decode(tiny_cuda, mel, HOST)]
     target_states, draft_states = tiny_cuda.encode(mel.to("cuda"))
     loop = GraphedGreedy(tiny_cuda, AR, Task.build(tiny_cuda, AR, "en", None), gamma)
     assert loop.graphs  # on by default on CUDA
@@ -207,14 +210,14 @@ def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
     assert loop._current.start_graph is not None  # the second decode captured its prefill too
     other = torch.randn(3, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(5)) * 20
     tokens, _ = loop.run(*tiny_cuda.encode(other.to("cuda")))  # new states through the start graph
-    assert tokens == [r.tokens for r in decode(tiny_cuda, other, AR)] != reference
+    assert tokens == [r.tokens for r in decode(tiny_cuda, other, HOST)] != reference
     assert loop.run(target_states, draft_states)[0] == reference
 
 
 @needs_cuda
 def test_cuda_graphs_for_every_gamma_a_policy_may_pick(tiny_cuda):
     mel = _mels(3)
-    reference = [r.tokens for r in decode(tiny_cuda, mel, AR)]
+    reference = [r.tokens for r in decode(tiny_cuda, mel, HOST)]
     states = tiny_cuda.encode(mel.to("cuda"))
     loop = GraphedGreedy(tiny_cuda, AR, Task.build(tiny_cuda, AR, "en", None), AdaptiveGamma(3, 6))
     for _ in range(2):
@@ -272,3 +275,71 @@ def test_an_adaptive_gamma_picks_each_steps_gamma_from_its_read(tiny, runner_kin
     assert again == reference and second.gammas == state.gammas
     with pytest.raises(ValueError, match="gamma_max"):
         GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), FixedGamma(3))
+
+
+def test_device_results_are_the_host_loops_results(tiny):
+    """`decode_states`' rows from the device loop: the host loop's tokens, text, scores and
+    language, token kinds that say where each token came from, and the speculative counts."""
+    from specasr.decode.graphed import device_results
+    from specasr.decode.loop import decode_states
+    from specasr.decode.stats import DecodeStats
+
+    target_states, draft_states = tiny.encode(_mels(3))
+    for mode, plan in (("autoregressive", 0), ("exact", 3)):
+        opts = replace(AR, mode=mode, language="en")
+        host = decode_states(tiny, target_states, draft_states, opts)
+        stats = DecodeStats()
+        task = Task.build(tiny, opts, "en", None)
+        rows = device_results(tiny, target_states, draft_states, opts, task, plan, stats)
+        assert [r.tokens for r in rows] == [r.tokens for r in host]
+        assert [r.text for r in rows] == [r.text for r in host]
+        assert [r.avg_logprob for r in rows] == pytest.approx([r.avg_logprob for r in host], abs=1e-4)
+        assert [r.no_speech_prob for r in rows] == pytest.approx([r.no_speech_prob for r in host], abs=1e-5)
+        assert all(r.language == "en" and r.stats is stats for r in rows)
+        assert all(len(r.token_kinds) == len(r.tokens) for r in rows)
+        kinds = {k for r in rows for k in r.token_kinds}
+        assert stats.target_calls == len(stats.gammas) > 0 and set(stats.gammas) == {plan}
+        if plan:
+            assert {"draft", "corrected"} <= kinds <= {"draft", "corrected", "bonus"}
+            assert 0 < stats.accepted < stats.proposed and stats.rejected > 0
+            assert sum(r.token_kinds.count("draft") for r in rows) <= stats.accepted
+        else:
+            assert kinds == {"target"} and stats.proposed == 0
+        assert stats.emitted >= sum(len(r.tokens) for r in rows)
+
+
+def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
+    from specasr.decode.graphed import DEVICE_GAMMA, device_loop_plan
+    from specasr.decode.step import Hooks
+
+    cuda = replace(tiny, device=torch.device("cuda"))  # the plan reads the device's type only
+    exact = replace(AR, mode="exact")
+
+    def plan(pair=cuda, opts=exact, prompt=None, hooks=None):
+        return device_loop_plan(pair, opts, Task.build(pair, opts, "en", prompt), prompt, hooks)
+
+    assert plan(opts=AR) == 0
+    assert plan() == min(exact.gamma, DEVICE_GAMMA)
+    assert plan(opts=replace(exact, gamma_policy="fixed", gamma=3)) == 3
+    adaptive = plan(opts=replace(exact, gamma_policy="adaptive", gamma=4))
+    assert isinstance(adaptive, AdaptiveGamma) and (adaptive.gamma, adaptive.gamma_max) == (4, 8)
+    assert plan(pair=tiny) is None  # a CPU
+    assert plan(opts=replace(exact, temperature=0.5)) is None
+    assert plan(opts=replace(exact, timestamps=True)) is None
+    assert plan(opts=replace(exact, device_loop=False)) is None
+    assert plan(opts=replace(exact, timing=True)) is None
+    assert plan(prompt=[5, 6]) is None
+    assert plan(hooks=Hooks(on_pass=print)) is None
+    assert plan(hooks=Hooks()) == plan()
+
+
+@needs_cuda
+def test_cuda_decodes_take_the_device_loop_with_the_host_loops_tokens(tiny_cuda):
+    mel = _mels(3)
+    for mode in ("autoregressive", "exact"):
+        opts = replace(AR, mode=mode)
+        host = decode(tiny_cuda, mel, replace(opts, device_loop=False))
+        device = decode(tiny_cuda, mel, opts)
+        assert [r.tokens for r in device] == [r.tokens for r in host]
+        gammas = set(device[0].stats.gammas)
+        assert gammas == ({0} if mode == "autoregressive" else {5})  # the device loop's fixed γ

@@ -45,7 +45,7 @@ from torch import Tensor
 from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
 from specasr.decode.filters import static_masks
-from specasr.decode.gamma import GammaPolicy
+from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
 from specasr.decode.runners import make_runner
 from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
@@ -384,6 +384,94 @@ class GraphedGreedy:
         return out, s
 
 
+DEVICE_GAMMA = (
+    5  # γ policy "auto" in the device loop: the best fixed γ of base + its draft at B = 1 on an H200
+)
+
+
+def device_loop_plan(pair, options: DecodeOptions, task: Task, prompt, hooks) -> int | GammaPolicy | None:
+    """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
+    the host loop must: not CUDA, T > 0, a prompt, timestamp rules (they read the context),
+    hooks, phase timing, or `options.device_loop` off. "auto" is fixed at `DEVICE_GAMMA`
+    (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
+    "backoff" and "analytic" (whose costs are a CPU's, or need phase times) are fixed at γ."""
+    if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
+        return None
+    if prompt or options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
+        return None
+    try:
+        static_masks(task.filters, pair.target.config.vocab_size, "cpu")
+    except ValueError:  # timestamp rules
+        return None
+    if len(task.init) < 2:
+        return None
+    if not options.speculative:
+        return 0
+    if options.gamma_policy == "auto":
+        return min(options.gamma, DEVICE_GAMMA)
+    if options.gamma_policy == "adaptive":
+        return AdaptiveGamma(options.gamma, max(options.gamma, min(options.gamma_max, 8)))
+    return options.gamma
+
+
+def device_results(
+    pair, target_states: Tensor, draft_states: Tensor | None, options: DecodeOptions, task: Task, plan, stats
+) -> list:
+    """`decode.loop.decode_states`' results from the device loop: the same tokens, text,
+    average log-probability and no-speech probability, the token kinds, and the speculative
+    counts in `stats`."""
+    from specasr.results import DecodeResult
+
+    graphs = None if pair.device.type == "cuda" else False
+    rows, s = _kept_loop(pair, options, task, plan, graphs).run(target_states, draft_states)
+    B = len(rows)
+    for g, accepted in zip(s.gammas, s.history):
+        live = [n for n in accepted if n >= 0]
+        stats.target_calls += 1
+        stats.gammas.append(g)
+        stats.draft_calls += g
+        if g:
+            stats.proposed += g * len(live)
+            stats.accepted += sum(live)
+            stats.rejected += sum(n < g for n in live)
+            stats.row_steps += len(live)
+            stats.accepted_hist.update(live)
+        stats.emitted += sum(n + 1 for n in live)
+    kinds: list[list[str]] = [[] for _ in range(B)]
+    for g, accepted in zip(s.gammas, s.history):
+        for r, n in enumerate(accepted):
+            if n >= 0:
+                kinds[r] += ["target"] if not g else ["draft"] * n + ["bonus" if n == g else "corrected"]
+    tok, out = pair.tokenizer, []
+    read = torch.cat([s.sum_logprob, s.no_speech]).tolist()  # one read
+    sums, no_speech = read[:B], read[B:]
+    for r, toks in enumerate(rows):
+        out.append(
+            DecodeResult(
+                tokens=toks,
+                text=tok.decode(toks),
+                avg_logprob=sums[r] / (len(toks) + 1),
+                no_speech_prob=no_speech[r],
+                temperature=options.temperature,
+                language=task.language,
+                stats=stats,
+                token_kinds=kinds[r][: len(toks)],
+            )
+        )
+    return out
+
+
+def _kept_loop(pair, options: DecodeOptions, task: Task, gamma, graphs) -> GraphedGreedy:
+    """The loop for this pair, task and γ, kept (with its graphs) for the next such decode."""
+    key = (id(pair), tuple(task.init), task.limit, options, repr(gamma), graphs)
+    kept = _LOOPS.get(key)
+    if kept is None or kept[0] is not pair:
+        if len(_LOOPS) >= 8:
+            _LOOPS.clear()
+        kept = _LOOPS[key] = (pair, GraphedGreedy(pair, options, task, gamma, graphs))
+    return kept[1]
+
+
 _LOOPS: dict[tuple, tuple[object, GraphedGreedy]] = {}  # decode_graphed's loops, kept for their graphs
 
 
@@ -401,10 +489,4 @@ def decode_graphed(
     (and so its captured graphs) is kept for the next call with the same pair, task and γ (a
     policy: the same policy as constructed, i.e. its repr when it is handed in)."""
     task = Task.build(pair, options, task_language(pair, options, target_states), None)
-    key = (id(pair), tuple(task.init), task.limit, options, repr(gamma), graphs)
-    kept = _LOOPS.get(key)
-    if kept is None or kept[0] is not pair:
-        if len(_LOOPS) >= 8:
-            _LOOPS.clear()
-        kept = _LOOPS[key] = (pair, GraphedGreedy(pair, options, task, gamma, graphs))
-    return kept[1].run(target_states, draft_states)
+    return _kept_loop(pair, options, task, gamma, graphs).run(target_states, draft_states)

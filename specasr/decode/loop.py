@@ -23,6 +23,7 @@ from torch import Tensor
 from specasr.constants import N_TEXT_CTX, int8_decoder
 from specasr.cpu import heap
 from specasr.decode.gamma import make_policy
+from specasr.decode.graphed import device_loop_plan, device_results
 from specasr.decode.runners import make_runner, prompt_tail
 from specasr.decode.stats import Clock, DecodeStats, timed
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
@@ -159,6 +160,10 @@ def decode_states(
         raise ValueError(INT8_SPECULATIVE)
     language = task_language(pair, options, target_states)
     task = Task.build(pair, options, language, prompt)
+    plan = device_loop_plan(pair, options, task, prompt, hooks)
+    if plan is not None:  # CUDA, greedy, no timestamps or prompt: one graph per step
+        with timed(stats, "decoder_s", pair.device):
+            return device_results(pair, target_states, draft_states, options, task, plan, stats)
     loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
     with timed(stats, "decoder_s", pair.device):
         batch = loop.run(target_states, draft_states if options.speculative else None)

@@ -74,7 +74,7 @@ def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base", 
 
     def host(mode: str):
         def run(states):
-            rs = decode_states(pair, states, states, replace(opts, mode=mode))
+            rs = decode_states(pair, states, states, replace(opts, mode=mode, device_loop=False))
             st = rs[0].stats
             return [r.tokens for r in rs], st.accepted, st.proposed
 

@@ -24,6 +24,7 @@ def test_gpu_bench_runs_every_loop_and_checks_tokens():
         "--gamma",
         "3",
         "--breakdown",
+        "--transcribe",
     ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
@@ -44,6 +45,10 @@ def test_gpu_bench_runs_every_loop_and_checks_tokens():
     c = re.search(r"draft pass over 1 token \| \d+ µs \(c = ([0-9.]+)\)", result.output)
     assert c and 0 < float(c.group(1)) < 1, result.output  # the breakdown, one table per batch size
     assert result.output.count("best fixed-γ speedup at this α, c, v") == 2
+    loops = re.findall(
+        r"^\| (\w+ (?:host|device) loop) \| [0-9.]+ \| [0-9.]+× \| (yes|NO) \|$", result.output, re.M
+    )
+    assert len(loops) == 4 and all(same == "yes" for _, same in loops), result.output  # transcribe_clip
 
 
 def test_token_alpha_solves_the_expected_accepted_count():

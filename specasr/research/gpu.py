@@ -1,16 +1,24 @@
 """The decoder phase across loops and batch sizes, for a lent GPU (issue 21).
 
-    python -m specasr.research.gpu --device cuda --batch 1,4,16 --repeats 3 [--hf] [--faster-whisper]
+    python -m specasr.research.gpu --device cuda --batch 1,4,16 --repeats 3 [--hf] [--breakdown]
+        [--transcribe] [--faster-whisper]
 
-For each batch size B, the LibriVox clips are stacked (repeated) into B rows and encoded once.
+For each batch size B > 1, the LibriVox clips are stacked (repeated) into B rows and encoded
+once; B = 1 decodes every clip in turn.
 Then every configuration decodes the same encoder states, interleaved `repeats` times:
 
 - `ar`, `exact`, `sigmoid`: the host loop (`decode.loop.decode_states`);
 - `device-ar`, `device-exact`: the device loop (`decode.graphed`; γ = `--gamma`), each
   step one CUDA graph replay on CUDA (captured in the warm-up run, kept for the timed
   ones); on CUDA also `… eager`, the same loop without graphs;
+- `device-exact adaptive`: the device loop with the adaptive γ policy (a graph per γ);
 - `--hf`: transformers' `generate` on the same encoder outputs, alone and with the packaged
   draft exported as its assistant (`specasr distill export`).
+
+`--breakdown` adds, per batch size, what a pass and a step cost as graph replays (CUDA
+events), c, v(k), the per-token α and the bound they set (`breakdown_table`);
+`--transcribe` adds `transcribe_clip` (the product's path, log-Mel to text) with and
+without the device loop (`transcribe_table`).
 
 A row reports the median decoder-phase seconds, the ratio to `ar`, end to end (the median
 encoder time of the B rows plus the decoder phase: HF's rows decode our encoder's states,
@@ -335,6 +343,39 @@ def breakdown_table(
     )
 
 
+def transcribe_table(pair, files: list[Path], repeats: int) -> str:
+    """`transcribe_clip` over the clips one at a time (log-Mel, encoder and decoder), with the
+    device loop (`DecodeOptions.device_loop`, CUDA) and without, autoregressive and exact: the
+    product's own path, with its defaults (γ policy auto). Median of `repeats` after a warm-up."""
+    from specasr.audio import load_audio
+    from specasr.transcription import transcribe_clip
+
+    dev = pair.device
+    audio = [load_audio(f) for f in files]
+    configs = {
+        f"{mode} {'device' if loop else 'host'} loop": DecodeOptions(mode=mode, device_loop=loop)
+        for mode in ("autoregressive", "exact")
+        for loop in (False, True)
+    }
+    texts, times = {}, {k: [] for k in configs}
+    for _ in range(repeats + 1):
+        for k, opts in configs.items():
+            _sync(dev)
+            t = time.perf_counter()
+            texts[k] = [transcribe_clip(pair, a, opts, source_rate=16000).text for a in audio]
+            _sync(dev)
+            times[k].append(time.perf_counter() - t)
+    first = next(iter(configs))
+    base = statistics.median(times[first][1:])
+    lines = [f"| loop | s | vs {first} | same text |", "|---|---|---|---|"]
+    for k in configs:
+        med = statistics.median(times[k][1:])
+        lines.append(
+            f"| {k} | {med:.4f} | {base / med:.2f}× | {'yes' if texts[k] == texts[first] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
 def faster_whisper_row(files: list[Path], device: str, repeats: int, preset: str = "base") -> str:
     """faster-whisper end to end at B = 1 over the clips (greedy, language en), median of repeats."""
     from faster_whisper import WhisperModel
@@ -375,8 +416,26 @@ def faster_whisper_row(files: list[Path], device: str, repeats: int, preset: str
 @click.option(
     "--breakdown", is_flag=True, help="Per-pass costs (CUDA: graph replays), c, v(k) and the bound."
 )
+@click.option(
+    "--transcribe",
+    "with_transcribe",
+    is_flag=True,
+    help="Add transcribe_clip with and without the device loop.",
+)
 def main(
-    model, draft, device, batches, gamma, repeats, clips, data, with_hf, with_fw, gamma_max, breakdown
+    model,
+    draft,
+    device,
+    batches,
+    gamma,
+    repeats,
+    clips,
+    data,
+    with_hf,
+    with_fw,
+    gamma_max,
+    breakdown,
+    with_transcribe,
 ) -> None:
     from specasr.models.loading import draft_path, load_pair
     from specasr.models.presets import PRESETS
@@ -412,6 +471,9 @@ def main(
             with torch.inference_mode():
                 states = pair.encode(mels[index].to(pair.device))[0]
             click.echo("\n" + breakdown_table(pair, states, gamma))
+    if with_transcribe:
+        click.echo(f"\ntranscribe_clip over {len(files)} clips, median of {repeats}\n")
+        click.echo(transcribe_table(pair, files, repeats))
     if with_fw:
         click.echo("\n" + faster_whisper_row(files, pair.device.type, repeats, model))
 

@@ -127,3 +127,63 @@ def test_reduced_rows_without_timestamp_columns_are_never_forced():
     before = rows.clone()
     reduced.apply(rows, [[0, 1, 2, 3, 5], [0, 1, 2, 3, 7]])
     assert torch.equal(rows, before)
+
+
+def _random_contexts(tok, rules, rows: int, seed: int):
+    """Contexts of every shape the rule branches on: nothing sampled yet, one token, closed
+    pairs, open timestamps, text after text, with timestamps that do and do not repeat."""
+    g = torch.Generator().manual_seed(seed)
+    tb, begin = tok.timestamp_begin, rules.sample_begin
+    out = []
+    for _ in range(rows):
+        ctx = list(range(begin))
+        for _ in range(int(torch.randint(0, 9, (1,), generator=g))):
+            if torch.rand(1, generator=g) < 0.5:
+                ctx.append(tb + int(torch.randint(0, 60, (1,), generator=g)))
+            else:
+                ctx.append(int(torch.randint(0, 400, (1,), generator=g)))
+        out.append(ctx)
+    return out
+
+
+def _device_form(rules, logits, contexts, columns=None, n_ts=None):
+    from specasr.decode.filters import timestamp_rules_on_device
+
+    S = max(map(len, contexts)) + 3
+    tokens = torch.full((len(contexts), S), 7, dtype=torch.long)  # past each context: ignored
+    for r, ctx in enumerate(contexts):
+        tokens[r, : len(ctx)] = torch.tensor(ctx)
+    context = torch.tensor([len(c) for c in contexts])
+    return timestamp_rules_on_device(rules, logits, tokens, context, columns, n_ts)
+
+
+def test_the_device_form_decides_as_the_host_rule():
+    """`timestamp_rules_on_device` (tensors only, for the CUDA graph loop) leaves the same
+    logits as `TimestampRules.apply` on every branch, forcing included."""
+    tok, rules = _rules()
+    tb, V = tok.timestamp_begin, 51865
+    contexts = _random_contexts(tok, rules, 256, seed=1)
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(256, V, generator=g) * 3
+    logits[:, tb:] += torch.linspace(-8, 4, 256)[:, None]  # forcing decided every way, band included
+    host = logits.clone()
+    rules.apply(host, contexts)
+    device = _device_form(rules, logits, contexts)
+    assert torch.equal(device, host)
+    forced = torch.isinf(host[:, :tb]).all(1)
+    assert 0 < int(forced.sum()) < 256  # both outcomes occur
+    grammar = torch.isinf(host[:, tb:]).any(1) & ~forced
+    assert int(grammar.sum()) > 10  # and rows the pair/monotone rules cut
+
+
+def test_the_device_form_on_reduced_columns():
+    tok, rules = _rules()
+    tb, V = tok.timestamp_begin, 51865
+    ids = sorted(set(range(0, tb, 7)) | set(range(tb, V, 3)))  # a reduced vocabulary, no <|notimestamps|>
+    contexts = _random_contexts(tok, rules, 128, seed=3)
+    logits = torch.randn(128, len(ids), generator=torch.Generator().manual_seed(4)) * 3
+    n_ts = sum(i >= tb for i in ids)
+    logits[:, -n_ts:] += torch.linspace(-8, 4, 128)[:, None]
+    host = logits.clone()
+    rules.on_vocab(ids).apply(host, contexts)
+    assert torch.equal(_device_form(rules, logits, contexts, torch.tensor(ids), n_ts), host)

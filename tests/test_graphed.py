@@ -115,9 +115,45 @@ def test_refuses_what_it_cannot_do_on_the_device(tiny):
     task = Task.build(tiny, AR, "en", None)
     with pytest.raises(ValueError, match="temperature 0"):
         GraphedGreedy(tiny, DecodeOptions(mode="autoregressive", temperature=0.5), task, 0)
-    stamped = DecodeOptions(mode="autoregressive", timestamps=True)
-    with pytest.raises(ValueError, match="TimestampRules"):
-        GraphedGreedy(tiny, stamped, Task.build(tiny, stamped, "en", None), 0)
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_timestamped_decoding_on_the_device_gives_the_host_loops_tokens(gamma):
+    """Timestamp rules as tensor operations over each position's context: the same tokens as
+    the host loop, timestamps included, for drafted and verified positions alike."""
+    from tiny_pairs import random_tiny_pair
+
+    pair = random_tiny_pair(seed=1)
+    stamped = DecodeOptions(mode="autoregressive", timestamps=True, max_new_tokens=30)
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0))
+    reference = [r.tokens for r in decode(pair, mel, stamped)]
+    tb = pair.tokenizer.timestamp_begin
+    assert all(row and row[0] >= tb for row in reference)  # the rules were at work
+    states = pair.encode(mel)
+    tokens, state = decode_graphed(pair, *states, stamped, gamma)
+    assert tokens == reference
+    if gamma:
+        assert state.proposed > 0
+
+
+@pytest.mark.slow
+def test_timestamped_long_form_windows_with_the_packaged_draft(base_pair, librivox_mels):
+    """Real timestamps (segments, pairs, monotone times) from the device loop on base and its
+    draft: the host loop's tokens, and most proposals kept."""
+    from specasr.models.draft import load_draft
+    from specasr.models.loading import packaged_draft
+
+    draft = load_draft(packaged_draft("base"), base_pair.target, torch.float32, torch.device("cpu"))
+    pair = replace(base_pair, draft=draft.quantize_int8(), shared_encoder=True)
+    mel = torch.cat(list(librivox_mels.values())[:2])  # [2, 80, 3000]
+    opts = DecodeOptions(mode="autoregressive", language="en", timestamps=True)
+    reference = [r.tokens for r in decode(pair, mel, opts)]
+    tb = pair.tokenizer.timestamp_begin
+    assert all(sum(t >= tb for t in row) >= 2 for row in reference)
+    states, _ = pair.encode(mel)
+    tokens, state = decode_graphed(pair, states, states, opts, gamma=5)
+    assert tokens == reference
+    assert state.accepted / state.proposed > 0.5
 
 
 @pytest.mark.slow
@@ -325,7 +361,12 @@ def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
     assert isinstance(adaptive, AdaptiveGamma) and (adaptive.gamma, adaptive.gamma_max) == (4, 8)
     assert plan(pair=tiny) is None  # a CPU
     assert plan(opts=replace(exact, temperature=0.5)) is None
-    assert plan(opts=replace(exact, timestamps=True)) is None
+    assert plan(opts=replace(exact, timestamps=True)) is None  # English-only: a start of one token
+    from tiny_pairs import random_tiny_pair
+
+    multilingual = replace(random_tiny_pair(seed=1), device=torch.device("cuda"))
+    stamped = replace(exact, timestamps=True)
+    assert plan(multilingual, stamped) == min(exact.gamma, DEVICE_GAMMA)  # the rules run on the device
     assert plan(opts=replace(exact, device_loop=False)) is None
     assert plan(opts=replace(exact, timing=True)) is None
     assert plan(prompt=[5, 6]) is None

@@ -149,6 +149,53 @@ class TimestampRules(LogitFilter):
                 logits[k, :ctb] = NEG_INF
 
 
+def timestamp_rules_on_device(
+    rules: TimestampRules,
+    logits: Tensor,
+    tokens: Tensor,
+    context: Tensor,
+    columns: Tensor | None = None,
+    n_ts: int | None = None,
+) -> Tensor:
+    """`TimestampRules.apply` as tensor operations (no host read: capture-safe), for loops that
+    keep contexts on the device (`decode.graphed`). logits [R, V'] (V' = V, or a reduced
+    draft's N columns scoring the ascending tokens `columns`, of which the last `n_ts` are
+    timestamps: a count the caller knows, not read back here); tokens [R, S]: row r's context
+    is tokens[r, :context[r]] (positions past it are ignored), context [R] long. Returns the
+    filtered logits: the same decisions as the host rule, which also searches the latest
+    timestamp among the sampled tokens and compares log Σ_ts p with the best text token."""
+    R, S = tokens.shape
+    dev = tokens.device
+    tb, begin = rules.ts_begin, rules.sample_begin
+    tok = torch.arange(logits.shape[-1], device=dev) if columns is None else columns  # [V'] token ids
+    n = context - begin  # [R] sampled tokens
+    at = lambda k: tokens.gather(1, (context - k).clamp(min=0)[:, None])[:, 0]  # noqa: E731
+    last_ts = (n >= 1) & (at(1) >= tb)
+    pen_ts = (n < 2) | (at(2) >= tb)
+    pos = torch.arange(S, device=dev)
+    sampled = (pos >= begin) & (pos < context[:, None])  # [R, S]
+    where = torch.where(sampled & (tokens >= tb), pos, -1).amax(1)  # [R] latest timestamp's position
+    stamp = tokens.gather(1, where.clamp(min=0)[:, None])[:, 0]
+    floor = torch.where(last_ts & ~pen_ts, stamp, stamp + 1)  # [R]
+    is_ts, text = tok >= tb, tok < tb  # [V']
+    mask = (tok == rules.no_timestamps).expand(R, -1)
+    mask = mask | ((last_ts & pen_ts)[:, None] & is_ts)  # a closed pair: text or eot follows
+    mask = mask | ((last_ts & ~pen_ts)[:, None] & (tok < rules.eot))  # an open timestamp: close or end
+    mask = mask | ((where >= 0)[:, None] & is_ts & (tok < floor[:, None]))  # never back in time
+    first = text if rules.max_initial_index is None else text | (tok > tb + rules.max_initial_index)
+    mask = mask | ((n <= 0)[:, None] & first)
+    logits = logits.masked_fill(mask, NEG_INF)
+    if columns is None:
+        n_ts = logits.shape[-1] - tb
+    if n_ts <= 0:
+        return logits
+    ctb = logits.shape[-1] - n_ts  # timestamp columns are the last (ascending tokens)
+    t, m = logits[:, ctb:].amax(-1), logits[:, :ctb].amax(-1)
+    lse = torch.logsumexp(logits[:, ctb:].float(), dim=-1)
+    force = (t > m) | ((t + math.log(n_ts) + 1e-3 >= m) & (lse > m))  # [R]: a timestamp must come
+    return logits.masked_fill(force[:, None] & text, NEG_INF)
+
+
 def build_filters(
     tokenizer: Tokenizer,
     *,

@@ -15,8 +15,10 @@ same algorithm at T = 0 with all per-step state on the device:
   needs to know whether it saw the previous step's last draft token: rewriting a cached
   token's keys at the same position is harmless.
 - **Filters** become two masks (`filters.static_masks`): suppressed always, and suppressed at
-  the first sampled position. The timestamp rules branch on the context's tokens, so a task
-  with timestamps is refused here and stays on the host loop.
+  the first sampled position. The timestamp rules, which branch on the context's tokens, run
+  as tensor operations over the rows' contexts (`filters.timestamp_rules_on_device`): the
+  draft's proposals are written into a copy of the context as they come, so each drafted
+  position and each verified position sees its own context.
 - **Acceptance:** n = number of leading drafts equal to the target's argmax. The next token
   is the target's argmax at n. n is cut at a drafted <|endoftext|> (the target's token there
   is the same eot, so it becomes the next token), and so that no row passes its limit.
@@ -37,6 +39,7 @@ every tensor where it was.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +47,7 @@ from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
-from specasr.decode.filters import static_masks
+from specasr.decode.filters import TimestampRules, static_masks, timestamp_rules_on_device
 from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
 from specasr.decode.runners import make_runner
 from specasr.decode.task import Task, task_language
@@ -159,7 +162,10 @@ class GraphedGreedy:
         self.gammas = [gamma] if self.policy is None else list(range(1, self.policy.gamma_max + 1))
         self.pair, self.task = pair, task
         V = pair.target.config.vocab_size
-        self.always, self.at_begin = static_masks(task.filters, V, pair.device)  # [V] bool each
+        rules = [f for f in task.filters if isinstance(f, TimestampRules)]
+        self.rules = rules[0] if rules else None  # applied last, as in the host chain
+        static = [f for f in task.filters if not isinstance(f, TimestampRules)]
+        self.always, self.at_begin = static_masks(static, V, pair.device)  # [V] bool each
         if len(task.init) < 2:  # only timestamped English-only starts are shorter, refused above
             raise ValueError("the start sequence must hold at least two tokens")
         self.eot = pair.tokenizer.eot
@@ -173,24 +179,42 @@ class GraphedGreedy:
         self._side = None  # the CUDA stream of warm-ups and capture
         self._columns: Tensor | None = None  # a reduced-vocabulary draft's columns [N]
         self._reduced_masks: tuple[Tensor, Tensor] | None = None  # `always`, `at_begin` on them
+        self._reduced_ts = 0  # how many of those columns are timestamps (the last ones)
 
     def _filtered(
-        self, logits: Tensor, context: Tensor, masks: tuple[Tensor, Tensor] | None = None
+        self, logits: Tensor, context: Tensor, tokens: Tensor | None, reduced: bool = False
     ) -> Tensor:
-        """logits [..., V] predicting the token after `context` [...] tokens -> filtered.
-        masks: `always` and `at_begin` over other columns (a draft's reduced ones)."""
-        always, at_begin = masks or (self.always, self.at_begin)
+        """logits [..., V] predicting the token after the first `context` [...] tokens of
+        `tokens` [..., 448] (the rows' contexts; None without timestamp rules) -> filtered.
+        reduced: the columns are a draft's reduced ones (`_columns`)."""
+        always, at_begin = self._reduced_masks if reduced else (self.always, self.at_begin)
         begin = (context == self.task.sample_begin)[..., None] & at_begin
-        return logits.masked_fill(always | begin, float("-inf"))
+        logits = logits.masked_fill(always | begin, float("-inf"))
+        if self.rules is None:
+            return logits
+        shape = logits.shape
+        columns, n_ts = (self._columns, self._reduced_ts) if reduced else (None, None)
+        out = timestamp_rules_on_device(
+            self.rules,
+            logits.reshape(-1, shape[-1]),
+            tokens.reshape(-1, N_TEXT_CTX),
+            context.reshape(-1),
+            columns,
+            n_ts,
+        )
+        return out.view(shape)
 
-    def _draft_token(self, draft: LeanRunner, tokens: Tensor, pos: Tensor, context: Tensor) -> Tensor:
-        """The draft's greedy token [B] after its pass over tokens, pos [B, T]. A reduced-
-        vocabulary draft picks among its own ascending columns: the same token as the full row,
-        whose other columns are −inf, without building that row."""
+    def _draft_token(
+        self, draft: LeanRunner, tokens: Tensor, pos: Tensor, context: Tensor, ctx: Tensor | None
+    ) -> Tensor:
+        """The draft's greedy token [B] after its pass over tokens, pos [B, T], the rows'
+        contexts being the first `context` [B] tokens of ctx [B, 448]. A reduced-vocabulary
+        draft picks among its own ascending columns: the same token as the full row, whose
+        other columns are −inf, without building that row."""
         if self._columns is None:
-            return _argmax(self._filtered(fixed_pass(draft, tokens, pos)[:, -1], context))
+            return _argmax(self._filtered(fixed_pass(draft, tokens, pos)[:, -1], context, ctx))
         logits = fixed_pass(draft, tokens, pos, reduced=True)[:, -1]  # [B, N]
-        return self._columns[_argmax(self._filtered(logits, context, self._reduced_masks))]
+        return self._columns[_argmax(self._filtered(logits, context, ctx, reduced=True))]
 
     def _runners(self, target_states: Tensor, draft_states: Tensor | None):
         target = make_runner(self.pair.target, target_states)
@@ -270,6 +294,8 @@ class GraphedGreedy:
         if ws.draft is not None and self._columns is None and ws.draft.vocab is not None:
             self._columns = ws.draft.columns  # [N]: the draft's reduced columns (ascending tokens)
             self._reduced_masks = (self.always[self._columns], self.at_begin[self._columns])
+            vocab = ws.draft.vocab
+            self._reduced_ts = len(vocab) - bisect_left(vocab, self.pair.tokenizer.timestamp_begin)
         self._current = ws
         return ws.steps, ws.target, ws.draft
 
@@ -288,16 +314,22 @@ class GraphedGreedy:
         B, dev = L.shape[0], L.device
         ar = torch.arange(g + 1, device=dev)  # [γ+1]
         d = torch.empty(B, 0, dtype=torch.long, device=dev)  # [B, γ] drafts
+        ctx = s.seq.clone() if self.rules is not None else None  # [B, 448]: context + drafts so far
         if g:
             pos = torch.stack([L - 2, L - 1], 1)  # [B, 2]
-            drafts = [self._draft_token(draft, s.seq.gather(1, pos), pos, L)]
+            drafts = [self._draft_token(draft, s.seq.gather(1, pos), pos, L, ctx)]
             for i in range(1, g):
+                if ctx is not None:
+                    ctx.scatter_(1, (L + i - 1).clamp(max=last)[:, None], drafts[-1][:, None])
                 pos = (L + i - 1).clamp(max=last)[:, None]  # [B, 1]
-                drafts.append(self._draft_token(draft, drafts[-1][:, None], pos, L + i))
+                drafts.append(self._draft_token(draft, drafts[-1][:, None], pos, L + i, ctx))
             d = torch.stack(drafts, 1)
+            if ctx is not None:
+                ctx.scatter_(1, (L + g - 1).clamp(max=last)[:, None], drafts[-1][:, None])
         pos = (L[:, None] - 1 + ar).clamp(max=last)  # [B, γ+1]
         tokens = torch.cat([s.seq.gather(1, (L - 1)[:, None]), d], 1)  # [B, γ+1]
-        logits = self._filtered(fixed_pass(target, tokens, pos).float(), L[:, None] + ar)  # [B, γ+1, V]
+        rows = None if ctx is None else ctx[:, None].expand(B, g + 1, N_TEXT_CTX)  # each position's context
+        logits = self._filtered(fixed_pass(target, tokens, pos).float(), L[:, None] + ar, rows)  # [B, γ+1, V]
         t = _argmax(logits)  # [B, γ+1]
         n = (d == t[:, :g]).long().cumprod(1).sum(1)  # [B] leading drafts the target agrees with
         if g:  # an accepted draft eot ends the row: it becomes the next token
@@ -391,17 +423,21 @@ DEVICE_GAMMA = (
 
 def device_loop_plan(pair, options: DecodeOptions, task: Task, prompt, hooks) -> int | GammaPolicy | None:
     """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
-    the host loop must: not CUDA, T > 0, a prompt, timestamp rules (they read the context),
-    hooks, phase timing, or `options.device_loop` off. "auto" is fixed at `DEVICE_GAMMA`
+    the host loop must: not CUDA, T > 0, a prompt, hooks, phase timing, a start sequence of one
+    token (timestamped English-only), or `options.device_loop` off. "auto" is fixed at `DEVICE_GAMMA`
     (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
     "backoff" and "analytic" (whose costs are a CPU's, or need phase times) are fixed at γ."""
     if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
         return None
     if prompt or options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
         return None
-    try:
-        static_masks(task.filters, pair.target.config.vocab_size, "cpu")
-    except ValueError:  # timestamp rules
+    try:  # any filter but the timestamp rules (which run on the device) must have static masks
+        static_masks(
+            [f for f in task.filters if not isinstance(f, TimestampRules)],
+            pair.target.config.vocab_size,
+            "cpu",
+        )
+    except ValueError:
         return None
     if len(task.init) < 2:
         return None

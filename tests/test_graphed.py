@@ -352,7 +352,7 @@ def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
     exact = replace(AR, mode="exact")
 
     def plan(pair=cuda, opts=exact, prompt=None, hooks=None):
-        return device_loop_plan(pair, opts, Task.build(pair, opts, "en", prompt), prompt, hooks)
+        return device_loop_plan(pair, opts, Task.build(pair, opts, "en", prompt), hooks)
 
     assert plan(opts=AR) == 0
     assert plan() == min(exact.gamma, DEVICE_GAMMA)
@@ -369,7 +369,7 @@ def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
     assert plan(multilingual, stamped) == min(exact.gamma, DEVICE_GAMMA)  # the rules run on the device
     assert plan(opts=replace(exact, device_loop=False)) is None
     assert plan(opts=replace(exact, timing=True)) is None
-    assert plan(prompt=[5, 6]) is None
+    assert plan(prompt=[5, 6]) == plan()  # prompts too
     assert plan(hooks=Hooks(on_pass=print)) is None
     assert plan(hooks=Hooks()) == plan()
 
@@ -384,3 +384,55 @@ def test_cuda_decodes_take_the_device_loop_with_the_host_loops_tokens(tiny_cuda)
         assert [r.tokens for r in device] == [r.tokens for r in host]
         gammas = set(device[0].stats.gammas)
         assert gammas == ({0} if mode == "autoregressive" else {5})  # the device loop's fixed γ
+
+
+@pytest.mark.parametrize("stamped", [False, True])
+def test_prompts_of_any_length_in_one_loop(stamped):
+    """Windows prompted with the text before (long-form's sequential decoding): one loop, one
+    workspace, start sequences of 4 to 70 tokens (prefill length buckets 4 … 128, and a
+    bucket revisited), each decode the host loop's tokens for its prompt."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.decode.loop import decode_states
+
+    pair = random_tiny_pair(seed=1)
+    opts = DecodeOptions(mode="autoregressive", timestamps=stamped, max_new_tokens=24, language="en")
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0))
+    states, _ = pair.encode(mel)
+    text = list(range(300, 366))  # 66 text tokens to prompt with
+    loop, seen = None, set()
+    for n in (0, 5, 66, 2, 30, 7):
+        prompt = text[:n] or None
+        reference = [r.tokens for r in decode_states(pair, states, states, opts, prompt)]
+        seen.add(str(reference))
+        task = Task.build(pair, opts, "en", prompt)
+        loop = loop or GraphedGreedy(pair, opts, task, 2)
+        tokens, state = loop.run(states, states, task)
+        assert tokens == reference, n
+    assert len(loop.workspaces) == 1
+    assert len(seen) > 2  # the prompts steer the decodes: each really read its own
+    assert decode_graphed(pair, states, states, opts, 2, prompt=text[:9])[0] == [
+        r.tokens for r in decode_states(pair, states, states, opts, text[:9])
+    ]
+
+
+@needs_cuda
+def test_cuda_prompts_and_timestamps_through_the_graphs():
+    """Sequential long-form's decodes on CUDA: prompts of several lengths (several prefill
+    graphs), timestamps, replays after the first round: the host loop's tokens each time."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.decode.loop import decode_states
+
+    pair = random_tiny_pair(seed=1, device="cuda")
+    opts = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=24, language="en")
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0)).to("cuda")
+    states, _ = pair.encode(mel)
+    text = list(range(300, 366))
+    for _ in range(2):
+        for n in (0, 5, 66, 30):
+            prompt = text[:n] or None
+            host = decode_states(pair, states, states, replace(opts, device_loop=False), prompt)
+            device = decode_states(pair, states, states, opts, prompt)
+            assert [r.tokens for r in device] == [r.tokens for r in host], n
+            assert set(device[0].stats.gammas) == {5}  # the device loop's

@@ -156,17 +156,21 @@ def timestamp_rules_on_device(
     context: Tensor,
     columns: Tensor | None = None,
     n_ts: int | None = None,
+    begin: int | Tensor | None = None,
 ) -> Tensor:
     """`TimestampRules.apply` as tensor operations (no host read: capture-safe), for loops that
     keep contexts on the device (`decode.graphed`). logits [R, V'] (V' = V, or a reduced
     draft's N columns scoring the ascending tokens `columns`, of which the last `n_ts` are
-    timestamps: a count the caller knows, not read back here); tokens [R, S]: row r's context
-    is tokens[r, :context[r]] (positions past it are ignored), context [R] long. Returns the
+    timestamps: a count the caller knows, not read back here); begin: where sampling starts
+    (a 0-dim tensor where it changes from decode to decode; None: the rule's own); tokens
+    [R, S]: row r's context is tokens[r, :context[r]] (positions past it are ignored),
+    context [R] long. Returns the
     filtered logits: the same decisions as the host rule, which also searches the latest
     timestamp among the sampled tokens and compares log Σ_ts p with the best text token."""
     R, S = tokens.shape
     dev = tokens.device
-    tb, begin = rules.ts_begin, rules.sample_begin
+    tb = rules.ts_begin
+    begin = rules.sample_begin if begin is None else begin
     tok = torch.arange(logits.shape[-1], device=dev) if columns is None else columns  # [V'] token ids
     n = context - begin  # [R] sampled tokens
     at = lambda k: tokens.gather(1, (context - k).clamp(min=0)[:, None])[:, 0]  # noqa: E731

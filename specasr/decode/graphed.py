@@ -19,6 +19,10 @@ same algorithm at T = 0 with all per-step state on the device:
   as tensor operations over the rows' contexts (`filters.timestamp_rules_on_device`): the
   draft's proposals are written into a copy of the context as they come, so each drafted
   position and each verified position sees its own context.
+- **Prompts** (the text before, in sequential long-form) make start sequences of any length
+  P: the prefill runs over a length bucket T ≥ P − 1 (4, 8, … 256), and where sampling
+  begins, the token limit and the <|sot|> index are tensors (`Workspace.meta`), so one
+  loop, its step graphs and a prefill graph per bucket serve every prompt and language.
 - **Acceptance:** n = number of leading drafts equal to the target's argmax. The next token
   is the target's argmax at n. n is cut at a drafted <|endoftext|> (the target's token there
   is the same eot, so it becomes the next token), and so that no row passes its limit.
@@ -31,7 +35,9 @@ tensor it reads or writes is rebound. So on CUDA the whole step (γ draft passes
 target's pass, acceptance and the state update) is captured once as one CUDA graph, after
 `WARM_STEPS` eager steps, and replayed: one launch and one host read per step. The graph,
 the runners' caches and the state tensors form a workspace per batch size that later
-decodes reuse (`start` refills it), so a graph is captured once per (B, γ), not per decode.
+decodes reuse (`start` refills it), so a graph is captured once per (B, γ), not per decode;
+the start of a decode (cross K/V, start sequence, prefills) is a graph per prefill bucket.
+`decode.loop.decode_states` takes this loop on CUDA at T = 0 (`device_loop_plan`).
 On a CPU the steps run eagerly; the tests check that their tokens are the host loop's,
 that no step reads a value back other than through `Steps.read`, and that a step keeps
 every tensor where it was.
@@ -61,9 +67,12 @@ def _argmax(x: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor, reduced: bool = False) -> Tensor:
+def fixed_pass(
+    runner: LeanRunner, tokens: Tensor, pos: Tensor, reduced: bool = False, hidden: bool = False
+) -> Tensor:
     """tokens, pos [B, T] (each token's own position, < 448) -> logits [B, T, V] (reduced: a
-    distilled draft's [B, T, N] over its columns `runner.columns`). Writes the tokens' keys
+    distilled draft's [B, T, N] over its columns `runner.columns`; hidden: [B, T, d], no
+    head). Writes the tokens' keys
     and values at `pos`; query (b, i) attends keys at positions ≤ pos[b, i]. Shapes depend
     on B and T only; `runner.lengths` is neither read nor changed."""
     dec, K0 = runner.decoder, runner.k[0]
@@ -73,6 +82,8 @@ def fixed_pass(runner: LeanRunner, tokens: Tensor, pos: Tensor, reduced: bool = 
     x = dec.embed(tokens, pos)  # [B, T, d]
     for layer, K, V, (ck, cv) in zip(dec.layers, runner.k, runner.v, runner.cross):
         x = layer(x, ck, cv, mask, cache=(K, V), start=N_TEXT_CTX - T, write=write)
+    if hidden:  # the last layer's output [B, T, d], before the final norm and the head
+        return x
     return dec.reduced_logits(x) if reduced else dec.logits(x)
 
 
@@ -121,9 +132,10 @@ class Workspace:
     target: LeanRunner
     draft: LeanRunner | None
     graphs: dict[int, tuple[object, Tensor]] = field(default_factory=dict)  # γ -> (CUDAGraph, flags)
-    init: Tensor | None = None  # [P] long: the start sequence
-    inputs: tuple[Tensor, Tensor | None] | None = None  # the start graph's encoder states
-    start_graph: object | None = None  # CUDAGraph of `GraphedGreedy._prefill`
+    init: Tensor | None = None  # [448] long: this decode's start sequence, then eot
+    meta: Tensor | None = None  # [3] long: this decode's P = len(start), token limit, <|sot|> index
+    inputs: tuple[Tensor, Tensor | None] | None = None  # the start graphs' encoder states
+    start_graphs: dict[int, object] = field(default_factory=dict)  # prefill length -> CUDAGraph
 
     def refill(self, target: LeanRunner, draft: LeanRunner | None) -> None:
         """Copies fresh runners' cross-attention K/V (new encoder states) into the kept ones."""
@@ -166,8 +178,6 @@ class GraphedGreedy:
         self.rules = rules[0] if rules else None  # applied last, as in the host chain
         static = [f for f in task.filters if not isinstance(f, TimestampRules)]
         self.always, self.at_begin = static_masks(static, V, pair.device)  # [V] bool each
-        if len(task.init) < 2:  # only timestamped English-only starts are shorter, refused above
-            raise ValueError("the start sequence must hold at least two tokens")
         self.eot = pair.tokenizer.eot
         self.start_gamma = self.gamma
         self.graphs = pair.device.type == "cuda" if graphs is None else graphs
@@ -188,7 +198,8 @@ class GraphedGreedy:
         `tokens` [..., 448] (the rows' contexts; None without timestamp rules) -> filtered.
         reduced: the columns are a draft's reduced ones (`_columns`)."""
         always, at_begin = self._reduced_masks if reduced else (self.always, self.at_begin)
-        begin = (context == self.task.sample_begin)[..., None] & at_begin
+        sample_begin = self._current.meta[0]  # this decode's P: a tensor, so prompts may vary
+        begin = (context == sample_begin)[..., None] & at_begin
         logits = logits.masked_fill(always | begin, float("-inf"))
         if self.rules is None:
             return logits
@@ -201,6 +212,7 @@ class GraphedGreedy:
             context.reshape(-1),
             columns,
             n_ts,
+            sample_begin,
         )
         return out.view(shape)
 
@@ -221,38 +233,47 @@ class GraphedGreedy:
         draft = make_runner(self.pair.draft, draft_states, target) if self.gammas != [0] else None
         return target, draft
 
-    def _prefill(self, ws: Workspace, target_states: Tensor, draft_states: Tensor | None, fresh=None) -> None:
+    def _prefill(
+        self, ws: Workspace, target_states: Tensor, draft_states: Tensor | None, T: int, fresh=None
+    ) -> None:
         """The device work of `start`, in place (capturable): the cross K/V of these states
-        into the kept runners, the start sequence, and both caches prefilled with it but its
-        last token. fresh: runners already made on these states (the workspace's own)."""
-        init, B, dev = self.task.init, target_states.shape[0], target_states.device
+        into the kept runners, the start sequence (`ws.init`, `ws.meta`), and both caches
+        prefilled over its first T ≥ P − 1 positions (T: a length bucket, so that one graph
+        serves prompts of many lengths; keys past P − 2 are written again by the steps before
+        any query reads them). fresh: runners already made on these states."""
+        B, dev = target_states.shape[0], target_states.device
         ws.refill(*(fresh or self._runners(target_states, draft_states)))
         s = ws.steps
-        s.seq.fill_(self.eot)
-        s.seq[:, : len(init)] = ws.init
-        s.lengths.fill_(len(init))
+        s.seq.copy_(ws.init.expand(B, -1))
+        s.lengths.copy_(ws.meta[0].expand(B))
         s.done.zero_()
         s.sum_logprob.zero_()
-        pos = torch.arange(len(init) - 1, device=dev).expand(B, -1)  # [B, P]
-        logits = fixed_pass(ws.target, s.seq[:, : len(init) - 1], pos)  # [B, P, V]
+        pos = torch.arange(T, device=dev).expand(B, -1)  # [B, T]
+        hidden = fixed_pass(ws.target, s.seq[:, :T], pos, hidden=True)  # [B, T, d]
         if ws.draft is not None:
-            fixed_pass(ws.draft, s.seq[:, : len(init) - 1], pos)
-        sot = self.task.sot_index
-        s.no_speech.copy_(torch.softmax(logits[:, sot].float(), -1)[:, self.pair.tokenizer.no_speech])
+            fixed_pass(ws.draft, s.seq[:, :T], pos, hidden=True)
+        logits = ws.target.decoder.logits(hidden.index_select(1, ws.meta[2:]))[:, 0]  # [B, V] after <|sot|>
+        s.no_speech.copy_(torch.softmax(logits.float(), -1)[:, self.pair.tokenizer.no_speech])
 
     @torch.inference_mode()
     def start(
-        self, target_states: Tensor, draft_states: Tensor | None
+        self, target_states: Tensor, draft_states: Tensor | None, task: Task | None = None
     ) -> tuple[Steps, LeanRunner, LeanRunner | None]:
-        """Prefills both caches with the start sequence but its last token. A workspace of the
-        same shapes (an earlier decode's) is refilled and reused, its graphs with it; on CUDA
-        its second decode captures this prefill too, and later ones copy the states in and
-        replay it."""
-        B, dev, init = target_states.shape[0], target_states.device, self.task.init
+        """Prefills both caches with the start sequence of `task` (default: the loop's) but its
+        last token. A workspace of the same shapes (an earlier decode's) is refilled and
+        reused, its graphs with it; on CUDA its later decodes capture the prefill too (one
+        graph per prefill length bucket), copy the states in and replay it."""
+        task = task or self.task
+        B, dev, init = target_states.shape[0], target_states.device, task.init
+        P = len(init)
+        if P < 2:
+            raise ValueError("the start sequence must hold at least two tokens")
+        T = min(N_TEXT_CTX - 1, max(4, 1 << (P - 2).bit_length()))  # a bucket ≥ P − 1
         key = (tuple(target_states.shape), None if draft_states is None else tuple(draft_states.shape))
         ws = self.workspaces.get(key)
+        fresh = None
         if ws is None:
-            target, draft = self._runners(target_states, draft_states)
+            fresh = self._runners(target_states, draft_states)
             steps = Steps(
                 torch.empty(B, N_TEXT_CTX, dtype=torch.long, device=dev),
                 torch.zeros(B, dtype=torch.long, device=dev),
@@ -260,11 +281,14 @@ class GraphedGreedy:
                 torch.zeros(B, device=dev),
                 torch.zeros(B, device=dev),
             )
-            ws = self.workspaces[key] = Workspace(steps, target, draft)
-            ws.init = torch.tensor(init, device=dev)
-            self._prefill(ws, target_states, draft_states, (target, draft))
-        elif not self.graphs:
-            self._prefill(ws, target_states, draft_states)
+            ws = self.workspaces[key] = Workspace(steps, *fresh)
+            ws.init = torch.empty(N_TEXT_CTX, dtype=torch.long, device=dev)
+            ws.meta = torch.empty(3, dtype=torch.long, device=dev)
+        ws.init.copy_(torch.tensor(list(init) + [self.eot] * (N_TEXT_CTX - P)))
+        ws.meta.copy_(torch.tensor([P, task.limit, task.sot_index]))
+        self._current, self._task = ws, task
+        if fresh is not None or not self.graphs:
+            self._prefill(ws, target_states, draft_states, T, fresh)
         else:
             if ws.inputs is None:
                 shared = draft_states is target_states or draft_states is None
@@ -273,20 +297,22 @@ class GraphedGreedy:
             t_in.copy_(target_states)
             if d_in is not None:
                 d_in.copy_(draft_states)
-            if ws.start_graph is None:
+            if T not in ws.start_graphs:
                 try:
                     graph, side = torch.cuda.CUDAGraph(), self._side_stream(dev)
                     with torch.cuda.graph(graph, stream=side):  # recorded, not run
-                        self._prefill(ws, t_in, t_in if d_in is None and draft_states is not None else d_in)
-                    ws.start_graph = graph
+                        d = t_in if d_in is None and draft_states is not None else d_in
+                        self._prefill(ws, t_in, d, T)
+                    ws.start_graphs[T] = graph
                 except RuntimeError as e:  # as a step's capture: eager from here on
                     self.capture_error, self.graphs = str(e).splitlines()[0], False
                     ws.graphs.clear()
+                    ws.start_graphs.clear()
                     torch.cuda.synchronize(dev)
-            if ws.start_graph is not None:
-                ws.start_graph.replay()
+            if T in ws.start_graphs:
+                ws.start_graphs[T].replay()
             else:
-                self._prefill(ws, target_states, draft_states)
+                self._prefill(ws, target_states, draft_states, T)
         ws.steps.reset()
         self.gamma = self.start_gamma
         if self.policy is not None:
@@ -335,7 +361,8 @@ class GraphedGreedy:
         if g:  # an accepted draft eot ends the row: it becomes the next token
             eot = d == self.eot
             n = torch.minimum(n, torch.where(eot.any(1), eot.long().argmax(1), g))
-        n = torch.minimum(n, (self.task.limit - 1 - L).clamp(min=0))  # never past the limit
+        limit = self._current.meta[1]
+        n = torch.minimum(n, (limit - 1 - L).clamp(min=0))  # never past the limit
         nxt = t.gather(1, n[:, None])[:, 0]  # [B]
         new = torch.cat([d, nxt[:, None]], 1).scatter(1, n[:, None], nxt[:, None])  # [B, γ+1]
         live = ~s.done
@@ -345,7 +372,7 @@ class GraphedGreedy:
         lp = torch.log_softmax(logits, -1).gather(-1, t[..., None])[..., 0]  # [B, γ+1]
         s.sum_logprob.add_((lp * keep).sum(1))
         lengths = L + (n + 1) * live
-        ended = live & ((nxt == self.eot) | (lengths >= self.task.limit))
+        ended = live & ((nxt == self.eot) | (lengths >= limit))
         s.lengths.copy_(lengths)
         s.done.logical_or_(ended)
         return torch.cat([torch.where(live, n, -1), s.done.long()])
@@ -402,14 +429,17 @@ class GraphedGreedy:
             self.gamma = min(max(self.policy.next(len(live)), 1), self.gammas[-1])
         return host
 
-    def run(self, target_states: Tensor, draft_states: Tensor | None = None) -> tuple[list[list[int]], Steps]:
-        """Decodes every row to eot or the limit -> (sampled tokens per row, eot dropped; state)."""
-        s, target, draft = self.start(target_states, draft_states)
+    def run(
+        self, target_states: Tensor, draft_states: Tensor | None = None, task: Task | None = None
+    ) -> tuple[list[list[int]], Steps]:
+        """Decodes every row to eot or the limit -> (sampled tokens per row, eot dropped; state).
+        task: this decode's (its prompt and language; default: the loop's)."""
+        s, target, draft = self.start(target_states, draft_states, task)
         while True:
             host = self.step(s, target, draft)
             if all(host[len(host) // 2 :]):
                 break
-        begin, out = self.task.sample_begin, []
+        begin, out = self._task.sample_begin, []
         for n, *row in torch.cat([s.lengths[:, None], s.seq], 1).tolist():  # one read
             toks = row[begin:n]
             out.append(toks[:-1] if toks and toks[-1] == self.eot else toks)
@@ -421,15 +451,17 @@ DEVICE_GAMMA = (
 )
 
 
-def device_loop_plan(pair, options: DecodeOptions, task: Task, prompt, hooks) -> int | GammaPolicy | None:
+def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
     """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
-    the host loop must: not CUDA, T > 0, a prompt, hooks, phase timing, a start sequence of one
-    token (timestamped English-only), or `options.device_loop` off. "auto" is fixed at `DEVICE_GAMMA`
+    the host loop must: not CUDA, T > 0, hooks, phase timing, a start sequence of one token
+    (timestamped English-only), or `options.device_loop` off. A prompt is fine: the draft then
+    reads all of it (the host loop's reads its last `draft_prompt` tokens; the same output,
+    another α̂). "auto" is fixed at `DEVICE_GAMMA`
     (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
     "backoff" and "analytic" (whose costs are a CPU's, or need phase times) are fixed at γ."""
     if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
         return None
-    if prompt or options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
+    if options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
         return None
     try:  # any filter but the timestamp rules (which run on the device) must have static masks
         static_masks(
@@ -459,7 +491,7 @@ def device_results(
     from specasr.results import DecodeResult
 
     graphs = None if pair.device.type == "cuda" else False
-    rows, s = _kept_loop(pair, options, task, plan, graphs).run(target_states, draft_states)
+    rows, s = _kept_loop(pair, options, task, plan, graphs).run(target_states, draft_states, task)
     B = len(rows)
     for g, accepted in zip(s.gammas, s.history):
         live = [n for n in accepted if n >= 0]
@@ -499,7 +531,7 @@ def device_results(
 
 def _kept_loop(pair, options: DecodeOptions, task: Task, gamma, graphs) -> GraphedGreedy:
     """The loop for this pair, task and γ, kept (with its graphs) for the next such decode."""
-    key = (id(pair), tuple(task.init), task.limit, options, repr(gamma), graphs)
+    key = (id(pair), options, repr(gamma), graphs)  # not the task: its start sequence is data
     kept = _LOOPS.get(key)
     if kept is None or kept[0] is not pair:
         if len(_LOOPS) >= 8:
@@ -519,10 +551,12 @@ def decode_graphed(
     options: DecodeOptions,
     gamma: int | GammaPolicy,
     graphs: bool | None = None,
+    prompt: list[int] | None = None,
 ) -> tuple[list[list[int]], Steps]:
     """`decode.loop.decode_states` for the device-side loop: greedy tokens per row (the
     language detected when `options` names none), and the loop's state and counts. The loop
-    (and so its captured graphs) is kept for the next call with the same pair, task and γ (a
-    policy: the same policy as constructed, i.e. its repr when it is handed in)."""
-    task = Task.build(pair, options, task_language(pair, options, target_states), None)
-    return _kept_loop(pair, options, task, gamma, graphs).run(target_states, draft_states)
+    (and so its captured graphs) is kept for the next call with the same pair, options and γ
+    (a policy: the same policy as constructed, i.e. its repr when it is handed in), whatever
+    the prompt or language. prompt: tokens of the text before, as `decode_states` takes them."""
+    task = Task.build(pair, options, task_language(pair, options, target_states), prompt)
+    return _kept_loop(pair, options, task, gamma, graphs).run(target_states, draft_states, task)

@@ -160,8 +160,8 @@ def decode_states(
         raise ValueError(INT8_SPECULATIVE)
     language = task_language(pair, options, target_states)
     task = Task.build(pair, options, language, prompt)
-    plan = device_loop_plan(pair, options, task, prompt, hooks)
-    if plan is not None:  # CUDA, greedy, no timestamps or prompt: one graph per step
+    plan = device_loop_plan(pair, options, task, hooks)
+    if plan is not None:  # CUDA, greedy: one graph per step
         with timed(stats, "decoder_s", pair.device):
             return device_results(pair, target_states, draft_states, options, task, plan, stats)
     loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())

@@ -43,7 +43,10 @@ from specasr.results import Segment, TranscriptionInfo
 # `specasr app` in a fresh interpreter, with no models and a stub page for the Blocks (the
 # command, its temp dir and signal handling, `launch` and Gradio's server are the real ones).
 _APP = """
-import importlib, sys, types
+import importlib, signal, sys, types
+# Ctrl-C as from a terminal: a run launched in the background (`pytest &`) hands its children
+# SIGINT ignored, and Python then never turns it into KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import specasr.cli.app as cli_app
 from specasr.cli import main
 

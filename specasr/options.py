@@ -35,8 +35,8 @@ class DecodeOptions:
     suppress_tokens: bool = True  # suppress the model's non-speech tokens (generation config)
     backend: str = "auto"  # verifier backend: auto | triton | torch
     timing: bool = False  # time the loop's phases into DecodeStats (CUDA: events); off costs nothing
-    # CUDA, T = 0, no timestamps and no prompt: decode in the device loop (`decode.graphed`: one
-    # CUDA graph per step, one host read); False keeps the host loop (same tokens)
+    # CUDA, T = 0: decode in the device loop (`decode.graphed`: one CUDA graph per step, one
+    # host read; timestamps and prompts included); False keeps the host loop (same tokens)
     device_loop: bool = True
 
     def __post_init__(self) -> None:

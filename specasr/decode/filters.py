@@ -240,11 +240,17 @@ def on_vocab(filters: Sequence[LogitFilter], ids: list[int]) -> list[LogitFilter
     return [f.on_vocab(ids) for f in filters]
 
 
+def device_form(filters: Sequence[LogitFilter]) -> bool:
+    """Whether loops that keep contexts on the device can apply this chain: static masks
+    (`static_masks`) and the timestamp rules' tensor form (`timestamp_rules_on_device`)."""
+    return all(isinstance(f, (SuppressTokens, SuppressAtBegin, TimestampRules)) for f in filters)
+
+
 def static_masks(filters: Sequence[LogitFilter], vocab_size: int, device) -> tuple[Tensor, Tensor]:
     """The chain as two masks [V] bool, for loops that keep contexts on the device
     (`decode.graphed`): tokens always suppressed, and tokens suppressed at the first sampled
     position only (`SuppressAtBegin`). Timestamp rules branch on the context's tokens, so a
-    chain with them has no such form (ValueError)."""
+    chain with them has no such form (ValueError): `decode.graphed` applies them apart."""
     always = torch.zeros(vocab_size, dtype=torch.bool)
     at_begin = torch.zeros(vocab_size, dtype=torch.bool)
     for f in filters:

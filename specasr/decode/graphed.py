@@ -53,7 +53,7 @@ from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
-from specasr.decode.filters import TimestampRules, static_masks, timestamp_rules_on_device
+from specasr.decode.filters import TimestampRules, device_form, static_masks, timestamp_rules_on_device
 from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
 from specasr.decode.runners import make_runner
 from specasr.decode.task import Task, task_language
@@ -72,9 +72,9 @@ def fixed_pass(
 ) -> Tensor:
     """tokens, pos [B, T] (each token's own position, < 448) -> logits [B, T, V] (reduced: a
     distilled draft's [B, T, N] over its columns `runner.columns`; hidden: [B, T, d], no
-    head). Writes the tokens' keys
-    and values at `pos`; query (b, i) attends keys at positions ≤ pos[b, i]. Shapes depend
-    on B and T only; `runner.lengths` is neither read nor changed."""
+    head). Writes the tokens' keys and values at `pos`; query (b, i) attends keys at
+    positions ≤ pos[b, i]. Shapes depend on B and T only; `runner.lengths` is neither read
+    nor changed."""
     dec, K0 = runner.decoder, runner.k[0]
     (B, T), dev = tokens.shape, tokens.device
     mask = (torch.arange(N_TEXT_CTX, device=dev) <= pos[..., None])[:, None]  # [B, 1, T, 448]
@@ -446,9 +446,8 @@ class GraphedGreedy:
         return out, s
 
 
-DEVICE_GAMMA = (
-    5  # γ policy "auto" in the device loop: the best fixed γ of base + its draft at B = 1 on an H200
-)
+# γ policy "auto" in the device loop: the best fixed γ of base + its draft at B = 1 on an H200
+DEVICE_GAMMA = 5
 
 
 def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
@@ -463,15 +462,7 @@ def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | G
         return None
     if options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
         return None
-    try:  # any filter but the timestamp rules (which run on the device) must have static masks
-        static_masks(
-            [f for f in task.filters if not isinstance(f, TimestampRules)],
-            pair.target.config.vocab_size,
-            "cpu",
-        )
-    except ValueError:
-        return None
-    if len(task.init) < 2:
+    if not device_form(task.filters) or len(task.init) < 2:
         return None
     if not options.speculative:
         return 0
@@ -493,7 +484,8 @@ def device_results(
     graphs = None if pair.device.type == "cuda" else False
     rows, s = _kept_loop(pair, options, task, plan, graphs).run(target_states, draft_states, task)
     B = len(rows)
-    for g, accepted in zip(s.gammas, s.history):
+    kinds: list[list[str]] = [[] for _ in range(B)]
+    for g, accepted in zip(s.gammas, s.history):  # one step: its γ, each row's accepted count
         live = [n for n in accepted if n >= 0]
         stats.target_calls += 1
         stats.gammas.append(g)
@@ -505,8 +497,6 @@ def device_results(
             stats.row_steps += len(live)
             stats.accepted_hist.update(live)
         stats.emitted += sum(n + 1 for n in live)
-    kinds: list[list[str]] = [[] for _ in range(B)]
-    for g, accepted in zip(s.gammas, s.history):
         for r, n in enumerate(accepted):
             if n >= 0:
                 kinds[r] += ["target"] if not g else ["draft"] * n + ["bonus" if n == g else "corrected"]

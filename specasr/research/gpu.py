@@ -276,9 +276,9 @@ def token_alpha(history: list[list[int]], gammas: list[int]) -> float:
     α(1 − α^γ)/(1 − α), equals the mean over the live rows of fixed-γ steps."""
     from specasr.decode.gamma import crossing, expected_tokens
 
-    counts = [(n, g) for rows, g in zip(history, gammas) for n in rows if n >= 0]
+    counts = [n for rows in history for n in rows if n >= 0]
     g = gammas[0]
-    mean = sum(n for n, _ in counts) / len(counts)
+    mean = sum(counts) / len(counts)
     a = crossing(mean, lambda x: expected_tokens(x, g) - 1, 0.0, 0.999)
     return 0.999 if a is None else a
 
@@ -287,11 +287,12 @@ def token_alpha(history: list[list[int]], gammas: list[int]) -> float:
 def breakdown_table(
     pair, states: torch.Tensor, gamma: int, reps: int | None = None, goal: float = 1.8
 ) -> str:
-    """CUDA only: what one step costs, each as a graph replay timed by CUDA events, and what
-    that bounds. target(k): the target's pass over k tokens; draft: one draft token; step:
-    the device loop's whole step (passes, filters, acceptance, state update). c = draft ÷
-    target(1), v(k) = target(k) ÷ target(1), α the per-token acceptance of fixed-γ decoding
-    on these rows (`token_alpha`); the bound is `gamma.best_speedup` (no per-decode costs)."""
+    """What one step costs, each as a graph replay timed by CUDA events (on a CPU: eager, by
+    the wall clock), and what that bounds. target(k): the target's pass over k tokens;
+    draft: one draft token; step: the device loop's whole step (passes, filters,
+    acceptance, state update). c = draft ÷ target(1), v(k) = target(k) ÷ target(1), α the
+    per-token acceptance of fixed-γ decoding on these rows (`token_alpha`); the bound is
+    `gamma.best_speedup` (no per-decode costs)."""
     from specasr.decode.gamma import best_speedup, crossing
     from specasr.decode.graphed import GraphedGreedy, fixed_pass
     from specasr.decode.runners import make_runner

@@ -430,6 +430,21 @@ def test_a_pooled_draft_attends_over_the_means_of_adjacent_frames(tiny):
         replace_pool(draft, 7).pool_cross(*full[0])
 
 
+def test_pooling_by_two_gives_the_bits_of_the_mean_for_any_layout(tiny):
+    """`pool_cross` at p = 2 adds the even and odd frames and halves (fast, above all for a K
+    that is a view of an int8 target's Kᵀ): bitwise the mean over the pairs, for a shared
+    K given transposed and for contiguous K and V, over two rows."""
+    draft = _pooled_draft(tiny, 2)
+    g = torch.Generator().manual_seed(11)
+    kt = torch.randn(2, 4, 16, 1500, generator=g)  # Kᵀ [B, H, dh, S], as a fixed-rows target holds it
+    v = torch.randn(2, 4, 1500, 16, generator=g)
+    for k in (kt.transpose(2, 3), kt.transpose(2, 3).contiguous()):
+        pk, pv = draft.pool_cross(k, v)
+        assert pk.is_contiguous() and pv.is_contiguous() and pk.shape == (2, 4, 750, 16)
+        assert torch.equal(pk, k.unflatten(2, (750, 2)).mean(3))
+        assert torch.equal(pv, v.unflatten(2, (750, 2)).mean(3))
+
+
 def replace_pool(draft: DistilledDraft, pool: int) -> DistilledDraft:
     other = copy.copy(draft)  # the same modules, another pooling
     other.cross_pool = pool

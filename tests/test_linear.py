@@ -115,6 +115,96 @@ def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_sett
         assert torch._C._get_graph_executor_optimize() is True
 
 
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 products")
+def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_probe():
+    """`LeanRunner` passes run inside `plain_calls`: subclass `__torch_function__` dispatch is
+    off for the scripted layers and the head (a packed int8 argument answers that probe with a
+    thrown exception, ~75 µs per scripted call), on again after the pass; and the logits are
+    bitwise those of the same pass with the probe on."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cpu.lean import LeanRunner
+    from specasr.cpu.scripted import plain_calls
+    from specasr.models.draft import DistilledDraft
+
+    t = random_tiny_pair(seed=5).target
+    draft = DistilledDraft.from_target(t, (0, 1), torch.arange(0, 51865, 7)).attach(t)
+    draft.quantize_int8()  # int8 layers (packed arguments) and an int8 head
+    states = torch.randn(1, 1500, draft.d_model, generator=torch.Generator().manual_seed(6))
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068]])
+    seen = []
+    layer = draft.layers[0]
+    step, head = layer._step, draft.reduced_logits
+    assert step is not None  # scripted: the probe would meet its packed arguments
+
+    def spy(*args):
+        seen.append(("layer", torch._C._is_torch_function_enabled()))
+        return step(*args)
+
+    def head_spy(x):
+        seen.append(("head", torch._C._is_torch_function_enabled()))
+        return head(x)
+
+    with torch.inference_mode():
+        layer._step, draft.reduced_logits = spy, head_spy
+        try:
+            quick = LeanRunner(draft, states)(tokens, 2, reduced=True)
+        finally:
+            layer._step = step
+            del draft.reduced_logits
+        assert seen == [("layer", False), ("head", False)]
+        assert torch._C._is_torch_function_enabled()
+        with pytest.raises(RuntimeError), plain_calls():
+            raise RuntimeError("a failed pass")
+        assert torch._C._is_torch_function_enabled()
+        # the same pass with the probe on: the eager calls the loop made before
+        x = draft.embed(tokens, 0)
+        mask = torch.ones(6, 6, dtype=torch.bool).tril()
+        runner = LeanRunner(draft, states)
+        for lay, K, V, (ck, cv) in zip(draft.layers, runner.k, runner.v, runner.cross):
+            x = lay(x, ck, cv, mask, cache=(K, V), start=0, write=None)
+        assert torch.equal(quick, draft.reduced_logits(x[:, -2:]))
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_every_layers_cross_kv_from_two_products_gives_the_layer_by_layer_bits(kind):
+    """`LeanDecoder.cross_kv` (`CrossProducts`): one product for every layer's keys and one for
+    their values give each layer's K (or Kᵀ) and V bitwise as `DecoderLayer.cross_kv` gives
+    them, contiguous, for fp32 and bf16 projections, over two rows; the layers' weights are
+    views of the joined ones (nothing held twice); layers with mixed forms keep their own."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.cpu.bf16 import bf16_cross_kv
+    from specasr.cpu.lean import CrossProducts, LeanDecoder, LeanRunner
+
+    target = random_tiny_pair(seed=7).target
+    if kind == "bf16":
+        bf16_cross_kv(target.model.decoder)
+    states = torch.randn(2, 1500, target.config.d_model, generator=torch.Generator().manual_seed(8))
+    decoder = LeanDecoder(target)
+    with torch.inference_mode():
+        for kt in (False, True):
+            want = [layer.cross_kv(states, kt) for layer in decoder.layers]
+            got = decoder.cross_kv(states, kt)
+            assert isinstance(decoder._cross, CrossProducts) and decoder._cross is not CrossProducts.NONE
+            for (k, v), (gk, gv) in zip(want, got):
+                assert gk.is_contiguous() and gv.is_contiguous() and gk.dtype == gv.dtype == torch.float32
+                assert torch.equal(gk, k) and torch.equal(gv, v)
+        joined = decoder._cross.wk.untyped_storage().data_ptr()
+        for layer in decoder.layers:
+            assert layer.encoder_attn.k_proj.weight.untyped_storage().data_ptr() == joined
+        runner = LeanRunner(decoder, states)  # what a window's set-up now runs
+        for (k, v), (rk, rv) in zip(decoder.cross_kv(states, False), runner.cross):
+            assert torch.equal(rk, k) and torch.equal(rv, v)
+    from specasr.cpu.bf16 import Bf16Linear
+
+    for layer, name, form in ((0, "v_proj", lambda m: m.double()), (1, "k_proj", Bf16Linear.of)):
+        dec = random_tiny_pair(seed=7).target.model.decoder
+        attn = dec.layers[layer].encoder_attn
+        setattr(attn, name, form(getattr(attn, name)))  # a float64 V, or one bf16 K among fp32
+        assert CrossProducts.of(dec.layers) is None  # mixed: layer by layer
+
+
 # ---- fp16-packed forms for few-row passes (fp16-exact weights) ---------------------------
 half = pytest.mark.skipif(not half_available(), reason="this torch build has no fbgemm fp16 GEMM")
 

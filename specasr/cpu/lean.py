@@ -26,6 +26,7 @@ import math
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specasr.constants import N_TEXT_CTX
@@ -38,7 +39,7 @@ from specasr.cpu.linear import (
     head_form,
     shared_form,
 )
-from specasr.cpu.scripted import fixed_mask, fp32_args, int8_args, scripted, unoptimized_script
+from specasr.cpu.scripted import fixed_mask, fp32_args, int8_args, plain_calls, scripted
 from specasr.models.layers import DecoderLayer, embed
 
 
@@ -110,6 +111,100 @@ class LeanDecoder:
         """x [B, T, d] -> logits [B, T, V]."""
         return self.head(self.layer_norm(x))
 
+    _cross: CrossProducts | None = None  # built on first use (`cross_kv`)
+
+    def cross_kv(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's cross K, V for encoder states [B, S, d] (a window's set-up), each
+        layer's as `DecoderLayer.cross_kv(states, kt)` lays it out and computes it, from one
+        product for every layer's keys and one for their values (`CrossProducts`) where the
+        layers' projections allow, else layer by layer."""
+        if self._cross is None:
+            self._cross = CrossProducts.of(self.layers) or CrossProducts.NONE
+        if self._cross is CrossProducts.NONE:
+            return [layer.cross_kv(states, kt) for layer in self.layers]
+        return self._cross(states, kt)
+
+
+class CrossProducts:
+    """Every decoder layer's cross-attention K/V projection as one product for all keys and
+    one for all values: [B·S, d] × [d, L·d] each, where layer by layer it was 2L products of
+    [B·S, d] × [d, d]. A window's set-up on the 2-core Xeon (int8_bfloat16, base): 37 ms
+    layer by layer, 23 ms here (docs/benchmarks.md, session 23).
+
+    Each output is a dot product over the same d terms either way; the layers' weights
+    become views of the joined matrices, so nothing is held twice. Built for layers whose K/V
+    projections are all `nn.Linear` (fp32) or all `specasr.cpu.bf16.Bf16Linear` (bf16 weights,
+    fp32 outputs) of one dtype, with no key bias (Whisper's); other layers keep
+    `DecoderLayer.cross_kv`."""
+
+    NONE: CrossProducts  # the marker for layers this cannot serve (set below)
+
+    def __init__(self, wk: Tensor, wv: Tensor, bv: Tensor | None, heads: int) -> None:
+        self.wk, self.wv, self.bv, self.heads = wk, wv, bv, heads  # [L, d, d], [L·d, d], [L·d] or None
+
+    @classmethod
+    def of(cls, layers) -> CrossProducts | None:
+        from specasr.cpu.bf16 import Bf16Linear
+
+        projs = [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in layers]
+        kinds = {type(p) for pair in projs for p in pair}
+        if len(kinds) != 1 or kinds.pop() not in (nn.Linear, Bf16Linear) or not projs:
+            return None
+        if len({p.weight.dtype for pair in projs for p in pair}) != 1:
+            return None
+        if any(k.bias is not None for k, _ in projs) or any(
+            isinstance(v, Bf16Linear) and v.out != torch.float32 for _, v in projs
+        ):
+            return None
+        biases = [v.bias for _, v in projs]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            return None
+        with torch.no_grad():
+            wk = torch.stack([k.weight.detach() for k, _ in projs])  # [L, d, d]
+            wv = torch.cat([v.weight.detach() for _, v in projs])  # [L·d, d]
+            bv = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+            d = wk.shape[1]
+            for i, (k, v) in enumerate(projs):  # the layers read views of the joined weights
+                k.weight = nn.Parameter(wk[i], requires_grad=False)
+                v.weight = nn.Parameter(wv[i * d : (i + 1) * d], requires_grad=False)
+                if bv is not None:
+                    v.bias = nn.Parameter(bv[i * d : (i + 1) * d], requires_grad=False)
+        return cls(wk, wv, bv, layers[0].heads)
+
+    def __call__(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
+        """states [B, S, d] -> per layer (K [B, H, S, dh] or, kt, Kᵀ [B, H, dh, S]; V [B, H, S, dh]),
+        all contiguous and fp32."""
+        (B, S, d), L, H = states.shape, self.wk.shape[0], self.heads
+        x = states.to(self.wk.dtype)  # bf16 weights: bf16 rows, as `Bf16Linear` feeds them
+        if kt:  # Kᵀ = W · statesᵀ: [L, 1, d, d] × [1, B, d, S] -> [L, B, d, S], no transposing copy
+            keys = torch.matmul(self.wk.unsqueeze(1), x.transpose(1, 2).unsqueeze(0)).float()
+            ks = [keys[i].view(B, H, d // H, S) for i in range(L)]
+        else:
+            keys = F.linear(x, self.wk.flatten(0, 1)).float()  # [B, S, L·d]
+            ks = [_heads(keys[..., i * d : (i + 1) * d], H).contiguous() for i in range(L)]
+        # [B, S, L·d]: fp32 adds the bias in the product, as nn.Linear does; bf16 adds it in
+        # fp32 as the product leaves bf16, as `Bf16Linear` does (below)
+        half = self.wv.dtype != torch.float32
+        values = F.linear(x, self.wv, None if half else self.bv)
+        vs = []
+        for i in range(L):
+            v = _heads(values[..., i * d : (i + 1) * d], H)  # [B, H, S, dh], strided
+            out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+            if half and self.bv is not None:
+                torch.add(v, self.bv[i * d : (i + 1) * d].view(H, 1, d // H), out=out)
+            else:
+                out.copy_(v)
+            vs.append(out)
+        return list(zip(ks, vs))
+
+
+CrossProducts.NONE = CrossProducts(torch.empty(0), torch.empty(0), None, 1)
+
+
+def _heads(x: Tensor, heads: int) -> Tensor:
+    """[B, S, d] -> [B, H, S, dh] (a view)."""
+    return x.unflatten(-1, (heads, x.shape[-1] // heads)).transpose(1, 2)
+
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (head, its weight, LeanDecoder)
 
@@ -147,10 +242,13 @@ class LeanRunner:
         self.fixed = getattr(decoder.layers[0], "fixed_rows", 0) > 0
         cross = cross or [None] * len(decoder.layers)
         with torch.inference_mode():  # per layer K [B, H, S, dh] (fixed: Kᵀ [B, H, dh, S]), V [B, H, S, dh]
-            self.cross = [
-                layer.cross_kv(states, self.fixed) if kv is None else self._own(*kv)
-                for kv, layer in zip(cross, decoder.layers)
-            ]
+            if all(kv is None for kv in cross) and isinstance(decoder, LeanDecoder):
+                self.cross = decoder.cross_kv(states, self.fixed)
+            else:
+                self.cross = [
+                    layer.cross_kv(states, self.fixed) if kv is None else self._own(*kv)
+                    for kv, layer in zip(cross, decoder.layers)
+                ]
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
@@ -185,7 +283,7 @@ class LeanRunner:
             if self.fixed:
                 mask = fixed_mask(write[:, 0, :, 0], N_TEXT_CTX)
         layers = list(zip(self.decoder.layers, self.k, self.v, self.cross))
-        with unoptimized_script():
+        with plain_calls():  # the layers and the head (an int8 one too)
             for layer, K, V, (ck, cv) in layers[:-1]:
                 x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
             layer, K, V, (ck, cv) = layers[-1]
@@ -194,10 +292,10 @@ class LeanRunner:
                 layer.write_kv(x[:, :skip], K, V, start)
                 x, mask = x[:, skip:], self._tail_mask(mask, T, skip)
             x = layer(x, ck, cv, mask, cache=(K, V), start=start + skip, write=write)
-        self.lengths = [p + T for p in P]
-        if reduced:
-            return self.decoder.reduced_logits(x[:, -last:])
-        return self.decoder.logits(x[:, -last:])
+            self.lengths = [p + T for p in P]
+            if reduced:
+                return self.decoder.reduced_logits(x[:, -last:])
+            return self.decoder.logits(x[:, -last:])
 
     def _own(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """A given cross K, V [B, H, S, dh] in this runner's layout, contiguous."""

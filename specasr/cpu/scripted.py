@@ -333,6 +333,28 @@ def unoptimized_script():
 # the graph executor's thread-local switch, looked up once (every decoder pass enters it)
 _GET_OPTIMIZE = getattr(torch._C, "_get_graph_executor_optimize", None)
 _SET_OPTIMIZE = getattr(torch._C, "_set_graph_executor_optimize", None)
+_NO_SUBCLASS_DISPATCH = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+
+
+@contextlib.contextmanager
+def plain_calls():
+    """A decoder pass's calls from Python into scripted layers and int8 products, without the
+    `__torch_function__` probe of every argument that is not a tensor (this thread).
+
+    Each such call asks every argument for `__torch_function__`. A packed int8 product
+    (`torch.classes.quantized.LinearPackedParamsBase`, six per `int8_layer_step` call and one
+    per `linear.Int8Linear` call) answers by throwing a C++ exception that becomes a Python
+    AttributeError and is caught: a loaded step (`scripted`'s ScriptMethod) took about 75 µs per
+    call with six of them against 5 µs with the probe off, on the 2-core Xeon (session 23;
+    docs/benchmarks.md). The passes hold plain tensors only, so turning off subclass dispatch
+    changes no op: the same ops run in the same order, on the same values. Also runs
+    `unoptimized_script`."""
+    with unoptimized_script():
+        if _NO_SUBCLASS_DISPATCH is None:  # a PyTorch without the switch: run as it runs
+            yield
+            return
+        with _NO_SUBCLASS_DISPATCH():
+            yield
 
 
 SCRIPT_CACHE = 1  # bump to drop every cached compilation

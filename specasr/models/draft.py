@@ -149,6 +149,10 @@ class DistilledDraft(nn.Module):
         S = k.shape[2]
         if S % p:
             raise ValueError(f"{S} encoder frames do not pool by {p}")
+        if p == 2:  # (a + b) / 2 as the mean takes it, over the even and odd frames' rows:
+            # several times faster than a mean over a strided axis (a K given as a view of
+            # Kᵀ above all), the same bits (tested)
+            return tuple(torch.add(t[:, :, 0::2], t[:, :, 1::2]).mul_(0.5).contiguous() for t in (k, v))
         return tuple(t.unflatten(2, (S // p, p)).mean(3).contiguous() for t in (k, v))
 
     def forward(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]]) -> Tensor:

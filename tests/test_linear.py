@@ -170,7 +170,7 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
 def test_every_layers_cross_kv_from_two_products_gives_the_layer_by_layer_bits(kind):
     """`LeanDecoder.cross_kv` (`CrossProducts`): one product for every layer's keys and one for
     their values give each layer's K (or Kᵀ) and V bitwise as `DecoderLayer.cross_kv` gives
-    them, contiguous, for fp32 and bf16 projections, over two rows; the layers' weights are
+    them, contiguous, for fp32 and bf16 projections, over one row and two; the layers' weights are
     views of the joined ones (nothing held twice); layers with mixed forms keep their own."""
     from tiny_pairs import random_tiny_pair
 
@@ -183,9 +183,9 @@ def test_every_layers_cross_kv_from_two_products_gives_the_layer_by_layer_bits(k
     states = torch.randn(2, 1500, target.config.d_model, generator=torch.Generator().manual_seed(8))
     decoder = LeanDecoder(target)
     with torch.inference_mode():
-        for kt in (False, True):
-            want = [layer.cross_kv(states, kt) for layer in decoder.layers]
-            got = decoder.cross_kv(states, kt)
+        for kt, rows in ((False, 1), (False, 2), (True, 1), (True, 2)):  # Kᵀ: one product at B = 1
+            want = [layer.cross_kv(states[:rows], kt) for layer in decoder.layers]
+            got = decoder.cross_kv(states[:rows], kt)
             assert isinstance(decoder._cross, CrossProducts) and decoder._cross is not CrossProducts.NONE
             for (k, v), (gk, gv) in zip(want, got):
                 assert gk.is_contiguous() and gv.is_contiguous() and gk.dtype == gv.dtype == torch.float32

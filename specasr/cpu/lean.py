@@ -176,9 +176,12 @@ class CrossProducts:
         all contiguous and fp32."""
         (B, S, d), L, H = states.shape, self.wk.shape[0], self.heads
         x = states.to(self.wk.dtype)  # bf16 weights: bf16 rows, as `Bf16Linear` feeds them
-        if kt:  # Kᵀ = W · statesᵀ: [L, 1, d, d] × [1, B, d, S] -> [L, B, d, S], no transposing copy
-            keys = torch.matmul(self.wk.unsqueeze(1), x.transpose(1, 2).unsqueeze(0)).float()
-            ks = [keys[i].view(B, H, d // H, S) for i in range(L)]
+        if kt and B == 1:  # Kᵀ = W · statesᵀ: [L·d, d] × [1, d, S] -> [1, L·d, S], no transposing copy
+            keys = torch.matmul(self.wk.flatten(0, 1), x.transpose(1, 2)).float()
+            ks = [keys[:, i * d : (i + 1) * d].view(B, H, d // H, S) for i in range(L)]
+        elif kt:  # rows: one product per layer ([d, d] × [B, d, S]), as a joined one would copy
+            # the states once per layer to broadcast them
+            ks = [torch.matmul(self.wk[i], x.transpose(1, 2)).float().view(B, H, d // H, S) for i in range(L)]
         else:
             keys = F.linear(x, self.wk.flatten(0, 1)).float()  # [B, S, L·d]
             ks = [_heads(keys[..., i * d : (i + 1) * d], H).contiguous() for i in range(L)]

@@ -166,24 +166,24 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
         assert torch.equal(quick, draft.reduced_logits(x[:, -2:]))
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16"])
-def test_every_layers_cross_kv_from_two_products_gives_the_layer_by_layer_bits(kind):
-    """`LeanDecoder.cross_kv` (`CrossProducts`): one product for every layer's keys and one for
-    their values give each layer's K (or Kᵀ) and V bitwise as `DecoderLayer.cross_kv` gives
-    them, contiguous, for fp32 and bf16 projections, over one row and two; the layers' weights are
-    views of the joined ones (nothing held twice); layers with mixed forms keep their own."""
+def test_every_layers_bf16_cross_kv_from_two_products_gives_the_layer_by_layer_bits():
+    """`LeanDecoder.cross_kv` (`CrossProducts`): for one row, one product for every layer's bf16
+    keys and one for their values give each layer's K (or Kᵀ) and V bitwise as
+    `DecoderLayer.cross_kv` gives them, contiguous; batches go layer by layer; the layers'
+    weights are views of the joined ones (nothing held twice); fp32 or mixed projections keep
+    their own products."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.bf16 import bf16_cross_kv
+    from specasr.cpu.bf16 import Bf16Linear, bf16_cross_kv
     from specasr.cpu.lean import CrossProducts, LeanDecoder, LeanRunner
 
     target = random_tiny_pair(seed=7).target
-    if kind == "bf16":
-        bf16_cross_kv(target.model.decoder)
+    assert CrossProducts.of(target.model.decoder.layers) is None  # fp32: layer by layer
+    bf16_cross_kv(target.model.decoder)
     states = torch.randn(2, 1500, target.config.d_model, generator=torch.Generator().manual_seed(8))
     decoder = LeanDecoder(target)
     with torch.inference_mode():
-        for kt, rows in ((False, 1), (False, 2), (True, 1), (True, 2)):  # Kᵀ: one product at B = 1
+        for kt, rows in ((False, 1), (False, 2), (True, 1), (True, 2)):  # batches: layer by layer
             want = [layer.cross_kv(states[:rows], kt) for layer in decoder.layers]
             got = decoder.cross_kv(states[:rows], kt)
             assert isinstance(decoder._cross, CrossProducts) and decoder._cross is not CrossProducts.NONE
@@ -193,16 +193,15 @@ def test_every_layers_cross_kv_from_two_products_gives_the_layer_by_layer_bits(k
         joined = decoder._cross.wk.untyped_storage().data_ptr()
         for layer in decoder.layers:
             assert layer.encoder_attn.k_proj.weight.untyped_storage().data_ptr() == joined
-        runner = LeanRunner(decoder, states)  # what a window's set-up now runs
-        for (k, v), (rk, rv) in zip(decoder.cross_kv(states, False), runner.cross):
+        runner = LeanRunner(decoder, states[:1])  # what a window's set-up now runs
+        for (k, v), (rk, rv) in zip(decoder.cross_kv(states[:1], False), runner.cross):
             assert torch.equal(rk, k) and torch.equal(rv, v)
-    from specasr.cpu.bf16 import Bf16Linear
-
-    for layer, name, form in ((0, "v_proj", lambda m: m.double()), (1, "k_proj", Bf16Linear.of)):
-        dec = random_tiny_pair(seed=7).target.model.decoder
-        attn = dec.layers[layer].encoder_attn
-        setattr(attn, name, form(getattr(attn, name)))  # a float64 V, or one bf16 K among fp32
-        assert CrossProducts.of(dec.layers) is None  # mixed: layer by layer
+        with pytest.raises(ValueError, match="one row"):
+            decoder._cross(states, False)
+    dec = random_tiny_pair(seed=7).target.model.decoder
+    attn = dec.layers[1].encoder_attn
+    attn.k_proj = Bf16Linear.of(attn.k_proj)  # one bf16 K among fp32 projections
+    assert CrossProducts.of(dec.layers) is None  # mixed: layer by layer
 
 
 # ---- fp16-packed forms for few-row passes (fp16-exact weights) ---------------------------

@@ -115,27 +115,29 @@ class LeanDecoder:
 
     def cross_kv(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
         """Every layer's cross K, V for encoder states [B, S, d] (a window's set-up), each
-        layer's as `DecoderLayer.cross_kv(states, kt)` lays it out and computes it, from one
-        product for every layer's keys and one for their values (`CrossProducts`) where the
-        layers' projections allow, else layer by layer."""
+        layer's as `DecoderLayer.cross_kv(states, kt)` lays it out and computes it: from one
+        product for every layer's keys and one for their values (`CrossProducts`) for one row
+        and bf16 projections, else layer by layer."""
         if self._cross is None:
             self._cross = CrossProducts.of(self.layers) or CrossProducts.NONE
-        if self._cross is CrossProducts.NONE:
+        if self._cross is CrossProducts.NONE or states.shape[0] > 1:
             return [layer.cross_kv(states, kt) for layer in self.layers]
         return self._cross(states, kt)
 
 
 class CrossProducts:
-    """Every decoder layer's cross-attention K/V projection as one product for all keys and
-    one for all values: [B·S, d] × [d, L·d] each, where layer by layer it was 2L products of
-    [B·S, d] × [d, d]. A window's set-up on the 2-core Xeon (int8_bfloat16, base): 37 ms
-    layer by layer, 23 ms here (docs/benchmarks.md, session 23).
+    """Every decoder layer's bf16 cross-attention K/V projection (`specasr.cpu.bf16.Bf16Linear`,
+    compute types bfloat16 and int8_bfloat16) as one product for all keys and one for all
+    values, [S, d] × [d, L·d] each, where layer by layer a window's set-up ran 2L products of
+    [S, d] × [d, d]: on the 2-core Xeon (int8_bfloat16, base) about 37 → 20 ms a window
+    (docs/benchmarks.md, session 23). Each output is the same dot product over d terms, and the
+    bits are the layers' own (tested). The layers' weights become views of the joined ones,
+    so nothing is held twice.
 
-    Each output is a dot product over the same d terms either way; the layers' weights
-    become views of the joined matrices, so nothing is held twice. Built for layers whose K/V
-    projections are all `nn.Linear` (fp32) or all `specasr.cpu.bf16.Bf16Linear` (bf16 weights,
-    fp32 outputs) of one dtype, with no key bias (Whisper's); other layers keep
-    `DecoderLayer.cross_kv`."""
+    One row only (B = 1: a window decoded alone, the sequential strategy): from some B on
+    oneDNN's kernel for [d, d] × [B, d, S] sums in another order (B = 8 gave other bits than
+    the layers' products), so batches keep `DecoderLayer.cross_kv`. fp32 projections keep it
+    too: joining them measured no faster (48 → 51 ms, 47 → 47 ms)."""
 
     NONE: CrossProducts  # the marker for layers this cannot serve (set below)
 
@@ -147,14 +149,9 @@ class CrossProducts:
         from specasr.cpu.bf16 import Bf16Linear
 
         projs = [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in layers]
-        kinds = {type(p) for pair in projs for p in pair}
-        if len(kinds) != 1 or kinds.pop() not in (nn.Linear, Bf16Linear) or not projs:
+        if not projs or {type(p) for pair in projs for p in pair} != {Bf16Linear}:
             return None
-        if len({p.weight.dtype for pair in projs for p in pair}) != 1:
-            return None
-        if any(k.bias is not None for k, _ in projs) or any(
-            isinstance(v, Bf16Linear) and v.out != torch.float32 for _, v in projs
-        ):
+        if any(k.bias is not None for k, _ in projs) or any(v.out != torch.float32 for _, v in projs):
             return None
         biases = [v.bias for _, v in projs]
         if any(b is None for b in biases) and not all(b is None for b in biases):
@@ -172,28 +169,24 @@ class CrossProducts:
         return cls(wk, wv, bv, layers[0].heads)
 
     def __call__(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
-        """states [B, S, d] -> per layer (K [B, H, S, dh] or, kt, Kᵀ [B, H, dh, S]; V [B, H, S, dh]),
+        """states [1, S, d] -> per layer (K [1, H, S, dh] or, kt, Kᵀ [1, H, dh, S]; V [1, H, S, dh]),
         all contiguous and fp32."""
         (B, S, d), L, H = states.shape, self.wk.shape[0], self.heads
-        x = states.to(self.wk.dtype)  # bf16 weights: bf16 rows, as `Bf16Linear` feeds them
-        if kt and B == 1:  # Kᵀ = W · statesᵀ: [L·d, d] × [1, d, S] -> [1, L·d, S], no transposing copy
+        if B != 1:
+            raise ValueError(f"joined cross K/V products take one row, not {B}")
+        x = states.to(self.wk.dtype)  # bf16 rows, as `Bf16Linear` feeds them
+        if kt:  # Kᵀ = W · statesᵀ: [L·d, d] × [1, d, S] -> [1, L·d, S], no transposing copy
             keys = torch.matmul(self.wk.flatten(0, 1), x.transpose(1, 2)).float()
             ks = [keys[:, i * d : (i + 1) * d].view(B, H, d // H, S) for i in range(L)]
-        elif kt:  # rows: one product per layer ([d, d] × [B, d, S]), as a joined one would copy
-            # the states once per layer to broadcast them
-            ks = [torch.matmul(self.wk[i], x.transpose(1, 2)).float().view(B, H, d // H, S) for i in range(L)]
         else:
             keys = F.linear(x, self.wk.flatten(0, 1)).float()  # [B, S, L·d]
             ks = [_heads(keys[..., i * d : (i + 1) * d], H).contiguous() for i in range(L)]
-        # [B, S, L·d]: fp32 adds the bias in the product, as nn.Linear does; bf16 adds it in
-        # fp32 as the product leaves bf16, as `Bf16Linear` does (below)
-        half = self.wv.dtype != torch.float32
-        values = F.linear(x, self.wv, None if half else self.bv)
+        values = F.linear(x, self.wv)  # [1, S, L·d] bf16; the fp32 bias joins as it leaves bf16
         vs = []
         for i in range(L):
-            v = _heads(values[..., i * d : (i + 1) * d], H)  # [B, H, S, dh], strided
+            v = _heads(values[..., i * d : (i + 1) * d], H)  # [1, H, S, dh], strided
             out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-            if half and self.bv is not None:
+            if self.bv is not None:  # as `Bf16Linear` adds it: fp32, one pass
                 torch.add(v, self.bv[i * d : (i + 1) * d].view(H, 1, d // H), out=out)
             else:
                 out.copy_(v)

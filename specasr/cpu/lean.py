@@ -141,8 +141,9 @@ class CrossProducts:
 
     NONE: CrossProducts  # the marker for layers this cannot serve (set below)
 
-    def __init__(self, wk: Tensor, wv: Tensor, bv: Tensor | None, heads: int) -> None:
-        self.wk, self.wv, self.bv, self.heads = wk, wv, bv, heads  # [L, d, d], [L·d, d], [L·d] or None
+    def __init__(self, wk: Tensor, wv: Tensor, bv: Tensor | None, layer: DecoderLayer | None) -> None:
+        self.wk, self.wv, self.bv = wk, wv, bv  # [L·d, d] each, bf16; the V bias [L·d] fp32 or None
+        self.layer = layer  # any of the layers: their heads and `_split` ([B, S, d] -> [B, H, S, dh])
 
     @classmethod
     def of(cls, layers) -> CrossProducts | None:
@@ -157,34 +158,35 @@ class CrossProducts:
         if any(b is None for b in biases) and not all(b is None for b in biases):
             return None
         with torch.no_grad():
-            wk = torch.stack([k.weight.detach() for k, _ in projs])  # [L, d, d]
+            wk = torch.cat([k.weight.detach() for k, _ in projs])  # [L·d, d]
             wv = torch.cat([v.weight.detach() for _, v in projs])  # [L·d, d]
             bv = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             d = wk.shape[1]
             for i, (k, v) in enumerate(projs):  # the layers read views of the joined weights
-                k.weight = nn.Parameter(wk[i], requires_grad=False)
+                k.weight = nn.Parameter(wk[i * d : (i + 1) * d], requires_grad=False)
                 v.weight = nn.Parameter(wv[i * d : (i + 1) * d], requires_grad=False)
                 if bv is not None:
                     v.bias = nn.Parameter(bv[i * d : (i + 1) * d], requires_grad=False)
-        return cls(wk, wv, bv, layers[0].heads)
+        return cls(wk, wv, bv, layers[0])
 
     def __call__(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
         """states [1, S, d] -> per layer (K [1, H, S, dh] or, kt, Kᵀ [1, H, dh, S]; V [1, H, S, dh]),
         all contiguous and fp32."""
-        (B, S, d), L, H = states.shape, self.wk.shape[0], self.heads
+        (B, S, d), H, split = states.shape, self.layer.heads, self.layer._split
+        L = self.wk.shape[0] // d
         if B != 1:
             raise ValueError(f"joined cross K/V products take one row, not {B}")
         x = states.to(self.wk.dtype)  # bf16 rows, as `Bf16Linear` feeds them
         if kt:  # Kᵀ = W · statesᵀ: [L·d, d] × [1, d, S] -> [1, L·d, S], no transposing copy
-            keys = torch.matmul(self.wk.flatten(0, 1), x.transpose(1, 2)).float()
+            keys = torch.matmul(self.wk, x.transpose(1, 2)).float()
             ks = [keys[:, i * d : (i + 1) * d].view(B, H, d // H, S) for i in range(L)]
         else:
-            keys = F.linear(x, self.wk.flatten(0, 1)).float()  # [B, S, L·d]
-            ks = [_heads(keys[..., i * d : (i + 1) * d], H).contiguous() for i in range(L)]
+            keys = F.linear(x, self.wk).float()  # [1, S, L·d]
+            ks = [split(keys[..., i * d : (i + 1) * d]).contiguous() for i in range(L)]
         values = F.linear(x, self.wv)  # [1, S, L·d] bf16; the fp32 bias joins as it leaves bf16
         vs = []
         for i in range(L):
-            v = _heads(values[..., i * d : (i + 1) * d], H)  # [1, H, S, dh], strided
+            v = split(values[..., i * d : (i + 1) * d])  # [1, H, S, dh], strided
             out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
             if self.bv is not None:  # as `Bf16Linear` adds it: fp32, one pass
                 torch.add(v, self.bv[i * d : (i + 1) * d].view(H, 1, d // H), out=out)
@@ -194,12 +196,7 @@ class CrossProducts:
         return list(zip(ks, vs))
 
 
-CrossProducts.NONE = CrossProducts(torch.empty(0), torch.empty(0), None, 1)
-
-
-def _heads(x: Tensor, heads: int) -> Tensor:
-    """[B, S, d] -> [B, H, S, dh] (a view)."""
-    return x.unflatten(-1, (heads, x.shape[-1] // heads)).transpose(1, 2)
+CrossProducts.NONE = CrossProducts(torch.empty(0), torch.empty(0), None, None)
 
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (head, its weight, LeanDecoder)

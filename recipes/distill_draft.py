@@ -165,6 +165,7 @@ def label(
             "tokens": [results[r].tokens for r in keep],
             "languages": [results[r].language for r in keep],
             "timestamps": ts,
+            "compute_type": pair.compute_type,  # whose states and tokens (`check_shards`)
         }
         tmp = shard.with_suffix(".tmp")
         torch.save(record, tmp)
@@ -172,6 +173,18 @@ def label(
     if dropped:
         tqdm.write(f"dropped {dropped} windows whose transcript looped to {opts.max_new_tokens} tokens")
     return shards
+
+
+def check_shards(records: list[dict], compute_type: str) -> None:
+    """Label shards hold one target's encoder states and greedy tokens: a work directory
+    labelled at another compute type (`distill train --compute-type`) is refused, not
+    mixed in. Shards from before the field were float32."""
+    found = {r.get("compute_type", "float32") for r in records}
+    if found - {compute_type}:
+        raise RuntimeError(
+            f"the work directory's labels are from a {', '.join(sorted(found))} target, not "
+            f"{compute_type}: use another --work directory"
+        )
 
 
 # ---- stage 2: vocabulary and teacher distributions --------------------------------------
@@ -475,6 +488,7 @@ def distill(
     if stop_after == "label":
         return {"shards": len(shards)}
     records = [torch.load(s) for s in shards]  # loaded once: they hold the encoder states
+    check_shards(records, pair.compute_type)
     token_lists = [t for r in records for t in r["tokens"]]
     label_langs = Counter(x for r in records for x in r["languages"] if x)
     if not token_lists:
@@ -514,6 +528,7 @@ def distill(
     recipe = {k: v for k, v in asdict(opts).items() if k not in ("checkpoint_every",)}
     if label_langs:  # what the labels speak: the loop's backoff starts target-only on the rest
         recipe["language"] = ",".join(sorted(label_langs))
+    recipe["compute_type"] = pair.compute_type  # the target whose states and tokens it learnt
     draft.save(out, target=pair.target_name, recipe=json.dumps(recipe))
     summary = {
         "windows": len(token_lists),

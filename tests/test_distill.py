@@ -94,8 +94,12 @@ def test_distill_end_to_end_resumes_and_yields_an_exact_draft(base_pair, tmp_pat
     distill(base_pair, audio_dir, out, work, opts, log=logs.append)  # resumes: nothing relabelled
     assert shard.stat().st_mtime_ns == stamp
     assert any("resumed from step 1" in line for line in logs)
+    # labels belong to the target that made them: another compute type needs its own work dir
+    with pytest.raises(RuntimeError, match="from a float32 target, not int8"):
+        distill(replace(base_pair, compute_type="int8"), audio_dir, out, work, opts, log=logs.append)
 
     draft = load_draft(out, base_pair.target, torch.float32, torch.device("cpu"))
+    assert json.loads(draft.meta["recipe"])["compute_type"] == "float32"
     pair = replace(base_pair, draft=draft, shared_encoder=True, draft_name=str(out))
     opts = DecodeOptions(mode="exact")
     ar = transcribe_clip(pair, str(EXAMPLE), replace(opts, mode="autoregressive"))
@@ -196,3 +200,35 @@ def test_averaging_two_drafts_mixes_their_tensors_and_keeps_the_base_vocabulary(
     )
     assert bad.exit_code == 1 and "same tensors" in bad.output
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_distill_train_labels_with_the_compute_type_asked_for(monkeypatch, tmp_path):
+    """`specasr distill train --compute-type` loads the target in that form for labels and
+    teacher (the recipe itself is stubbed: the end-to-end test above runs it)."""
+    import specasr.recipes.distill_draft as recipe
+    from click.testing import CliRunner
+
+    import specasr.cli.distill as cli_distill
+    from specasr.cli import main
+
+    seen = {}
+
+    def load(model, draft, mode, device, dtype, compute_type="float32", half_weights=None):
+        seen["load"] = (model, draft, mode, compute_type)
+        return "pair"
+
+    def run(pair, audio_dir, out, work, opts, log=print, stop_after="train"):
+        seen["run"] = (pair, stop_after)
+        return {"shards": 0}
+
+    monkeypatch.setattr(cli_distill, "load_models", load)
+    monkeypatch.setattr(recipe, "distill", run)
+    args = ["distill", "train", str(tmp_path), "--out", str(tmp_path / "d.safetensors")]
+    args += ["--work", str(tmp_path / "w"), "--stop-after", "label"]
+    for extra, want in (([], "float32"), (["--compute-type", "int8_bfloat16"], "int8_bfloat16")):
+        result = CliRunner().invoke(main, args + extra)
+        assert result.exit_code == 0, result.output
+        assert seen["load"] == ("base", "none", "autoregressive", want)
+        assert seen["run"] == ("pair", "label")
+    bad = CliRunner().invoke(main, args + ["--compute-type", "int4"])
+    assert bad.exit_code == 2 and "int4" in bad.output

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from specasr.cli.common import load_models
+from specasr.cli.common import compute_type_option, load_models
 
 
 @click.group()
@@ -119,6 +119,10 @@ def _layers(value: str) -> tuple[int, ...]:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda … (default: cuda when available).")
+@compute_type_option(
+    "The target's compute type for labels and teacher (`load_pair(compute_type=)`): a draft for an "
+    "int8 or bfloat16 target learns that target's encoder states and tokens."
+)
 def train(
     audio_dir,
     model,
@@ -136,6 +140,7 @@ def train(
     stop_after,
     seed,
     device,
+    compute_type,
 ):
     """Label AUDIO_DIR with the target's greedy transcripts and train a draft on them."""
     from specasr.recipes.distill_draft import DistillOptions
@@ -158,7 +163,7 @@ def train(
         )
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    pair = load_models(model, "none", "autoregressive", device, "fp32")
+    pair = load_models(model, "none", "autoregressive", device, "fp32", compute_type)
     try:
         summary = run(pair, audio_dir, out_file, work_dir, opts, log=click.echo, stop_after=stop_after)
     except (FileNotFoundError, RuntimeError) as e:

@@ -127,6 +127,9 @@ def label(
 
     out = work / "labels"
     out.mkdir(parents=True, exist_ok=True)
+    done = sorted(out.glob("*.pt"))
+    if done:  # before any shard is written: a resumed directory keeps one target's labels
+        check_shards([torch.load(done[0], mmap=True)], pair.compute_type)
     rng = random.Random(opts.seed)
     shards, dropped = [], 0
     for i, batch in enumerate(
@@ -177,8 +180,8 @@ def label(
 
 def check_shards(records: list[dict], compute_type: str) -> None:
     """Label shards hold one target's encoder states and greedy tokens: a work directory
-    labelled at another compute type (`distill train --compute-type`) is refused, not
-    mixed in. Shards from before the field were float32."""
+    labelled at another compute type (`distill train --compute-type`) is refused before
+    `label` writes into it, so it is never mixed. Shards from before the field were float32."""
     found = {r.get("compute_type", "float32") for r in records}
     if found - {compute_type}:
         raise RuntimeError(
@@ -488,7 +491,6 @@ def distill(
     if stop_after == "label":
         return {"shards": len(shards)}
     records = [torch.load(s) for s in shards]  # loaded once: they hold the encoder states
-    check_shards(records, pair.compute_type)
     token_lists = [t for r in records for t in r["tokens"]]
     label_langs = Counter(x for r in records for x in r["languages"] if x)
     if not token_lists:

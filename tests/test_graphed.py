@@ -211,6 +211,30 @@ def test_a_later_decode_reuses_the_workspace(tiny):
     assert decode_graphed(tiny, *tiny.encode(_mels(3)), AR, 3)[1] is a[1]  # decode_graphed keeps its loop
 
 
+def test_every_window_of_a_recording_shares_one_kept_loop(tiny, monkeypatch):
+    """Long-form decodes window k with seed + k, which a loop at T = 0 never reads: all its
+    windows must share one kept loop (on CUDA: its graphs), not capture anew per window."""
+    monkeypatch.setattr(graphed, "_LOOPS", {})
+    states = tiny.encode(_mels(3))
+    first = decode_graphed(tiny, *states, replace(AR, seed=0), 3)
+    for k in range(1, graphed.KEPT_LOOPS + 3):  # more windows than loops kept
+        tokens, state = decode_graphed(tiny, *states, replace(AR, seed=k), 3)
+        assert state is first[1] and tokens == first[0]
+    assert len(graphed._LOOPS) == 1
+
+
+def test_the_kept_loops_drop_the_least_recently_used(tiny, monkeypatch):
+    """Past `KEPT_LOOPS` loops the oldest use goes, not all of them: a loop in steady use
+    (the app's current mode between others) keeps its graphs."""
+    monkeypatch.setattr(graphed, "_LOOPS", {})
+    states = tiny.encode(_mels(3))
+    kept = decode_graphed(tiny, *states, AR, 3)[1]
+    for n in range(graphed.KEPT_LOOPS):
+        decode_graphed(tiny, *states, replace(AR, max_new_tokens=MAX_NEW - 1 - n), 3)
+        assert decode_graphed(tiny, *states, AR, 3)[1] is kept
+    assert len(graphed._LOOPS) == graphed.KEPT_LOOPS
+
+
 def test_graphs_need_a_cuda_device(tiny):
     with pytest.raises(ValueError, match="CUDA"):
         GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), 3, graphs=True)
@@ -243,7 +267,7 @@ def test_cuda_graph_replays_give_the_host_loops_tokens(tiny_cuda, gamma):
     assert 0 < state.replays == state.passes - graphed.WARM_STEPS
     tokens, state = loop.run(target_states, draft_states)  # the kept graph, every step
     assert tokens == reference and loop.captures == 1 and state.replays == state.passes
-    assert loop._current.start_graph is not None  # the second decode captured its prefill too
+    assert len(loop._current.start_graphs) == 1  # the second decode captured its prefill too
     other = torch.randn(3, 80, TOY_FRAMES, generator=torch.Generator().manual_seed(5)) * 20
     tokens, _ = loop.run(*tiny_cuda.encode(other.to("cuda")))  # new states through the start graph
     assert tokens == [r.tokens for r in decode(tiny_cuda, other, HOST)] != reference

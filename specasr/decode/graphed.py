@@ -46,7 +46,7 @@ every tensor where it was.
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -520,17 +520,22 @@ def device_results(
 
 
 def _kept_loop(pair, options: DecodeOptions, task: Task, gamma, graphs) -> GraphedGreedy:
-    """The loop for this pair, task and γ, kept (with its graphs) for the next such decode."""
-    key = (id(pair), options, repr(gamma), graphs)  # not the task: its start sequence is data
-    kept = _LOOPS.get(key)
+    """The loop for this pair, task and γ, kept (with its graphs) for the next such decode.
+    The key leaves out the task (its start sequence is data) and the seed: long-form decodes
+    window k with seed + k, which a loop at temperature 0 never reads, so every window of a
+    recording shares one loop and its graphs. The least recently used of `KEPT_LOOPS` goes."""
+    key = (id(pair), replace(options, seed=0), repr(gamma), graphs)
+    kept = _LOOPS.pop(key, None)
     if kept is None or kept[0] is not pair:
-        if len(_LOOPS) >= 8:
-            _LOOPS.clear()
-        kept = _LOOPS[key] = (pair, GraphedGreedy(pair, options, task, gamma, graphs))
+        while len(_LOOPS) >= KEPT_LOOPS:
+            del _LOOPS[next(iter(_LOOPS))]
+        kept = (pair, GraphedGreedy(pair, options, task, gamma, graphs))
+    _LOOPS[key] = kept  # last: the most recently used
     return kept[1]
 
 
-_LOOPS: dict[tuple, tuple[object, GraphedGreedy]] = {}  # decode_graphed's loops, kept for their graphs
+KEPT_LOOPS = 8
+_LOOPS: dict[tuple, tuple[object, GraphedGreedy]] = {}  # decode_graphed's loops, oldest use first
 
 
 @torch.inference_mode()

@@ -369,7 +369,7 @@ def test_device_results_are_the_host_loops_results(tiny):
 
 
 def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
-    from specasr.decode.graphed import DEVICE_GAMMA, device_loop_plan
+    from specasr.decode.graphed import DEVICE_GAMMA, DEVICE_GAMMA_TIMESTAMPS, device_loop_plan
     from specasr.decode.step import Hooks
 
     cuda = replace(tiny, device=torch.device("cuda"))  # the plan reads the device's type only
@@ -390,7 +390,9 @@ def test_the_device_loop_takes_greedy_untimestamped_cuda_decodes_only(tiny):
 
     multilingual = replace(random_tiny_pair(seed=1), device=torch.device("cuda"))
     stamped = replace(exact, timestamps=True)
-    assert plan(multilingual, stamped) == min(exact.gamma, DEVICE_GAMMA)  # the rules run on the device
+    # the rules run on the device; auto drafts fewer tokens with timestamps
+    assert plan(multilingual, stamped) == min(exact.gamma, DEVICE_GAMMA_TIMESTAMPS) < DEVICE_GAMMA
+    assert plan(multilingual, replace(stamped, gamma_policy="fixed", gamma=5)) == 5
     assert plan(opts=replace(exact, device_loop=False)) is None
     assert plan(opts=replace(exact, timing=True)) is None
     assert plan(prompt=[5, 6]) == plan()  # prompts too

@@ -446,8 +446,11 @@ class GraphedGreedy:
         return out, s
 
 
-# γ policy "auto" in the device loop: the best fixed γ of base + its draft at B = 1 on an H200
-DEVICE_GAMMA = 5
+# γ policy "auto" in the device loop, from base + its draft on an H200 (docs/benchmarks.md):
+DEVICE_GAMMA = 5  # text-only decodes: the best fixed γ at B = 1 (the clips, decoder phase)
+# timestamped decodes (`transcribe`'s default, long-form): timestamps are drafted worse, and
+# γ 2 was the best fixed γ end to end, sequential, chunked and per clip (γ 5: 0.94–1.01× AR)
+DEVICE_GAMMA_TIMESTAMPS = 2
 
 
 def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
@@ -455,8 +458,8 @@ def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | G
     the host loop must: not CUDA, T > 0, hooks, phase timing, a start sequence of one token
     (timestamped English-only), or `options.device_loop` off. A prompt is fine: the draft then
     reads all of it (the host loop's reads its last `draft_prompt` tokens; the same output,
-    another α̂). "auto" is fixed at `DEVICE_GAMMA`
-    (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
+    another α̂). "auto" is fixed at `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with
+    timestamps (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
     "backoff" and "analytic" (whose costs are a CPU's, or need phase times) are fixed at γ."""
     if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
         return None
@@ -467,7 +470,7 @@ def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | G
     if not options.speculative:
         return 0
     if options.gamma_policy == "auto":
-        return min(options.gamma, DEVICE_GAMMA)
+        return min(options.gamma, DEVICE_GAMMA_TIMESTAMPS if options.timestamps else DEVICE_GAMMA)
     if options.gamma_policy == "adaptive":
         return AdaptiveGamma(options.gamma, max(options.gamma, min(options.gamma_max, 8)))
     return options.gamma

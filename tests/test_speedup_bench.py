@@ -97,3 +97,29 @@ def test_bench_report_ratios():
     theory = theoretical_speedup(0.8, 4, 0.2)  # γ: the mean, rounded
     assert report.theoretical == pytest.approx(theory)
     assert report.of_theoretical == pytest.approx(2.0 / theory)
+
+
+@pytest.mark.slow  # tiny.en: the clips, the step costs and two long-form decodes
+def test_the_long_form_part_runs_on_a_corpus_source_in_its_language(tmp_path, librivox):
+    from click.testing import CliRunner
+    from conftest import write_corpus
+
+    from specasr.research.speedup import main
+
+    rows = [(c.path, "librivox:en" if i < 2 else "other:en", c.text) for i, c in enumerate(librivox[:3])]
+    corpus = str(write_corpus(tmp_path, rows))
+    args = ["--model", "tiny.en", "--draft", "self:2", "--repeats", "1", "--corpus", corpus]
+    result = CliRunner().invoke(main, [*args, "--source", "librivox:en", "--per-source", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"### 2 windows of librivox:en ({corpus}), sequential strategy" in result.output
+    seconds = sum(sf_seconds(c.path) for c in librivox[:2]) + 2.0  # each window, then 1 s of silence
+    assert f"| audio | {seconds:.1f} s |" in result.output  # the joined windows, not the fixture
+    assert "| tokens identical to autoregressive | yes |" in result.output
+    missing = CliRunner().invoke(main, [*args, "--source", "fillets:nl"])
+    assert missing.exit_code == 2 and "no windows of 'fillets:nl'" in missing.output
+
+
+def sf_seconds(path) -> float:
+    import soundfile as sf
+
+    return sf.info(str(path)).duration

@@ -1,12 +1,13 @@
 """Speculative vs autoregressive for one draft, on short clips and on a long recording.
 
     python -m specasr.research.speedup --model base --draft default --repeats 5 [--also 4:0 ...]
-        [--compute-type int8]
+        [--compute-type int8] [--corpus CORPUS/heldout --source asterisk:en --per-source 16]
 
 One process, one run: (1) each LibriVox fixture as one 30 s window
 (`specasr.research.bench.run_bench`), (2) the long-form fixture
 (`specasr.research.longform.long_recording`, the clips twice over with pauses, ~75 s)
-through the sequential long-form strategy with timestamps. Both interleave the
+through the sequential long-form strategy with timestamps, or with `--corpus` windows of
+one source of a corpus split joined into one recording, decoded in its language. Both interleave the
 autoregressive and speculative runs and report medians, so machine noise hits both alike.
 Long-form "end to end" is wall time from samples to segments (log-Mel, encoder, decoder,
 fallbacks); "decoder phase" is the summed decoding-loop time. `--also GAMMA:STOP` adds
@@ -300,8 +301,30 @@ def _bound_rows(b: Bounds) -> list[tuple[str, str]]:
 @compute_type_option(
     "The target's compute type (`load_pair(compute_type=)`); both sides decode the same target."
 )
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Long-form part: instead of the fixture, windows of a corpus split joined with 1 s "
+    "silences (`research.longform --corpus`), e.g. a held-out split no draft trained on.",
+)
+@click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source to join.")
+@click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: windows to join.")
 def main(
-    model, draft, mode, gamma, gamma_policy, draft_stop, repeats, data, also, device, compute_type
+    model,
+    draft,
+    mode,
+    gamma,
+    gamma_policy,
+    draft_stop,
+    repeats,
+    data,
+    also,
+    device,
+    compute_type,
+    corpus,
+    source,
+    per_source,
 ) -> None:
     from pathlib import Path
 
@@ -309,8 +332,12 @@ def main(
 
     from specasr.models.loading import load_pair
     from specasr.research.bench import file_mels, run_bench
-    from specasr.research.longform import long_recording
+    from specasr.research.longform import corpus_recording, long_recording
 
+    # the long-form recording first: a corpus without that source fails before any model work
+    recording, language = (
+        (long_recording(data), None) if corpus is None else corpus_recording(corpus, source, per_source)
+    )
     pair = load_pair(model, draft, device=device, compute_type=compute_type)
     click.echo(
         f"{model} [{pair.compute_type}] + draft {pair.draft_name}, mode {mode}, "
@@ -326,7 +353,8 @@ def main(
     costs = step_costs(pair, file_mels(pair, files[:1])[0])
     click.echo(f"### Step costs (median ms)\n\n{costs.table()}\n")
     base = TranscribeOptions()
-    lf_opts = replace(base, decode=replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens))
+    lf_decode = replace(opts, timestamps=True, max_new_tokens=base.decode.max_new_tokens, language=language)
+    lf_opts = replace(base, decode=lf_decode)
     others = {}
     for spec in also:
         g, _, stop = spec.partition(":")
@@ -339,7 +367,7 @@ def main(
         except ValueError as e:
             raise click.BadParameter(f"{spec!r}: {e}", param_hint="--also") from e
     name = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
-    lf = _long_form(pair, long_recording(data).samples, lf_opts, repeats, others, name)
+    lf = _long_form(pair, recording.samples, lf_opts, repeats, others, name)
     rows = [
         ("audio", f"{lf['seconds']:.1f} s"),
         ("end to end, autoregressive (median, s)", f"{lf['ar_wall']:.2f}"),
@@ -359,7 +387,8 @@ def main(
         ("tokens identical to autoregressive", "yes" if lf["identical"] else "no"),
     ]
     rows += _bound_rows(bounds(lf, costs.verify_curve(), goal=1.5, e2e_goal=1.2))
-    click.echo("### Long-form fixture, sequential strategy with timestamps\n")
+    what = "Long-form fixture" if corpus is None else f"{per_source} windows of {source} ({corpus})"
+    click.echo(f"### {what}, sequential strategy with timestamps\n")
     click.echo("| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows))
     if others:
         click.echo("\n### Long-form side by side (each paired with the same autoregressive runs)\n")

@@ -19,10 +19,8 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import click
-import soundfile as sf
 
 
 def _policies(gammas: list[int]) -> dict[str, dict]:
@@ -55,7 +53,7 @@ def main(model, draft, device, gammas, repeats, workloads, data) -> None:
 
     from specasr.models.loading import load_pair
     from specasr.options import TranscribeOptions
-    from specasr.research.longform import SAMPLE_RATE, long_recording
+    from specasr.research.longform import SAMPLE_RATE, fixture_clips, long_recording
     from specasr.transcription import transcribe
 
     if repeats < 1:
@@ -66,8 +64,7 @@ def main(model, draft, device, gammas, repeats, workloads, data) -> None:
         raise click.BadParameter(f"{workloads!r}: name sequential, chunked or clips", param_hint=hint)
     pair = load_pair(model, draft, device=device)
     rec = long_recording(data)
-    rows = [line.split(maxsplit=1) for line in (Path(data) / "transcripts.txt").read_text().splitlines()]
-    clips = [sf.read(Path(data) / f"{r[0]}.wav", dtype="float32")[0] for r in rows if r]
+    clips = [x for x, _ in fixture_clips(data)]
     base = TranscribeOptions(cut_search=10.0).with_decode(language="en")
     sync = torch.cuda.synchronize if pair.device.type == "cuda" else (lambda: None)
 

@@ -45,18 +45,27 @@ class LongRecording(NamedTuple):
     texts: list[str]  # reference transcript per clip
 
 
-def long_recording(data_dir: str | Path, repeats: int = 2) -> LongRecording:
-    """The clips listed in `data_dir`/transcripts.txt, `repeats` times over, with silences."""
+def fixture_clips(data_dir: str | Path) -> list[tuple[np.ndarray, str]]:
+    """The clips listed in `data_dir`/transcripts.txt ('<id> <text>' lines), in order: each
+    one's float32 samples [n] at 16 kHz (mono, checked) and its reference text."""
     data_dir = Path(data_dir)
     rows = [line.split(maxsplit=1) for line in (data_dir / "transcripts.txt").read_text().splitlines()]
-    rows = [r for r in rows if r]
+    out = []
+    for clip_id, text in (r for r in rows if r):
+        x, sr = sf.read(data_dir / f"{clip_id}.wav", dtype="float32")
+        if sr != SAMPLE_RATE or x.ndim != 1:
+            raise ValueError(f"{clip_id}.wav: expected 16 kHz mono")
+        out.append((x, text))
+    return out
+
+
+def long_recording(data_dir: str | Path, repeats: int = 2) -> LongRecording:
+    """The clips listed in `data_dir`/transcripts.txt, `repeats` times over, with silences."""
+    rows = fixture_clips(data_dir)
     parts, clips, texts = [np.zeros(int(LEAD_IN * SAMPLE_RATE), np.float32)], [], []
     t = LEAD_IN
     for rep in range(repeats):
-        for i, (clip_id, text) in enumerate(rows):
-            x, sr = sf.read(data_dir / f"{clip_id}.wav", dtype="float32")
-            if sr != SAMPLE_RATE or x.ndim != 1:
-                raise ValueError(f"{clip_id}.wav: expected 16 kHz mono")
+        for i, (x, text) in enumerate(rows):
             gap = GAPS[(i + rep) % len(GAPS)]
             clips.append((t, t + len(x) / SAMPLE_RATE))
             texts.append(text)
@@ -86,6 +95,32 @@ def corpus_recording(
         t += seconds + gap
     texts = [" ".join(r["texts"]) for r in records]
     return LongRecording(join_windows(files, gap), clips, texts), records[0]["language"]
+
+
+def recording(
+    data: str | Path, corpus: str | Path | None, source: str, per_source: int
+) -> tuple[LongRecording, str | None]:
+    """The fixture of `data` (language None: not named), or with `corpus` its
+    `corpus_recording` of `source` (and that source's language)."""
+    return (long_recording(data), None) if corpus is None else corpus_recording(corpus, source, per_source)
+
+
+def corpus_options(f):
+    """The `--corpus`, `--source` and `--per-source` options of the long-form benchmarks."""
+    options = [
+        click.option(
+            "--corpus",
+            type=click.Path(exists=True, file_okay=False),
+            default=None,
+            help="Instead of the LibriVox fixture: windows of a speech corpus split (corpus.jsonl) "
+            "joined with 1 s silences, e.g. the held-out split, which no draft trained on.",
+        ),
+        click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source."),
+        click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: its windows."),
+    ]
+    for option in reversed(options):  # applied bottom-up, as stacked decorators are
+        f = option(f)
+    return f
 
 
 def _ours(pair, options: TranscribeOptions):
@@ -137,15 +172,7 @@ def _faster_whisper(
     show_default=True,
     help="Comma-separated target compute types; each adds its own rows (int8: `load_pair(compute_type=)`).",
 )
-@click.option(
-    "--corpus",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Instead of the LibriVox fixture: windows of a speech corpus split (corpus.jsonl) joined "
-    "with 1 s silences, e.g. the held-out split, which no draft trained on.",
-)
-@click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source to join.")
-@click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: windows to join.")
+@corpus_options
 @click.option(
     "--only",
     default=None,
@@ -180,9 +207,8 @@ def main(
 
     from specasr.models.loading import load_pair
 
-    rec, language = (
-        (long_recording(data), "en") if corpus is None else corpus_recording(corpus, source, per_source)
-    )
+    rec, language = recording(data, corpus, source, per_source)
+    language = language or "en"
     duration = len(rec.samples) / SAMPLE_RATE
     base = TranscribeOptions(cut_search=cut_search).with_decode(language=language)
     ar = base.with_decode(mode="autoregressive")

@@ -27,6 +27,7 @@ import click
 from specasr.cli.common import compute_type_option
 from specasr.decode.stats import DecodeStats
 from specasr.options import DecodeOptions, TranscribeOptions
+from specasr.research.longform import corpus_options
 
 
 def _side_by_side(name: str, ar_runs: list, runs: list) -> dict:
@@ -301,15 +302,7 @@ def _bound_rows(b: Bounds) -> list[tuple[str, str]]:
 @compute_type_option(
     "The target's compute type (`load_pair(compute_type=)`); both sides decode the same target."
 )
-@click.option(
-    "--corpus",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Long-form part: instead of the fixture, windows of a corpus split joined with 1 s "
-    "silences (`research.longform --corpus`), e.g. a held-out split no draft trained on.",
-)
-@click.option("--source", default="asterisk:en", show_default=True, help="--corpus: the source to join.")
-@click.option("--per-source", type=int, default=16, show_default=True, help="--corpus: windows to join.")
+@corpus_options  # the long-form part's recording
 def main(
     model,
     draft,
@@ -332,12 +325,10 @@ def main(
 
     from specasr.models.loading import load_pair
     from specasr.research.bench import file_mels, run_bench
-    from specasr.research.longform import corpus_recording, long_recording
+    from specasr.research.longform import recording
 
     # the long-form recording first: a corpus without that source fails before any model work
-    recording, language = (
-        (long_recording(data), None) if corpus is None else corpus_recording(corpus, source, per_source)
-    )
+    long_form, language = recording(data, corpus, source, per_source)
     pair = load_pair(model, draft, device=device, compute_type=compute_type)
     click.echo(
         f"{model} [{pair.compute_type}] + draft {pair.draft_name}, mode {mode}, "
@@ -367,7 +358,7 @@ def main(
         except ValueError as e:
             raise click.BadParameter(f"{spec!r}: {e}", param_hint="--also") from e
     name = f"γ {gamma} ({gamma_policy}), stop {draft_stop:g}"
-    lf = _long_form(pair, recording.samples, lf_opts, repeats, others, name)
+    lf = _long_form(pair, long_form.samples, lf_opts, repeats, others, name)
     rows = [
         ("audio", f"{lf['seconds']:.1f} s"),
         ("end to end, autoregressive (median, s)", f"{lf['ar_wall']:.2f}"),

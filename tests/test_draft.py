@@ -207,6 +207,38 @@ def test_int8_draft_stays_exact(tiny):
 
 
 @pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
+def test_an_int8_draft_with_bf16_cross_kv_stays_exact_and_close(tiny, monkeypatch):
+    """`quantize_int8(bf16_cross=True)`: the runner holds the (pooled) cross K/V in bf16, the
+    logits stay close to the fp32 K/V's and move (it really reads bf16), and speculative
+    decoding keeps the target's tokens. The default follows the CPU (`bf16.available`)."""
+    from specasr.cpu import bf16
+
+    t = tiny.target
+    draft = _pooled_draft(tiny, 2)
+    states = _states(tiny, 4)
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
+    drafts = {on: copy.deepcopy(draft).attach(t).quantize_int8(bf16_cross=on) for on in (False, True)}
+    with torch.inference_mode():
+        target = make_runner(t, states)
+        logits = {}
+        for on, d in drafts.items():
+            runner = d.runner(states, target.plain_cross())
+            assert {x.dtype for kv in runner.cross for x in kv} == {torch.bfloat16 if on else torch.float32}
+            logits[on] = runner(tokens, 9)
+    assert not torch.equal(logits[True], logits[False])
+    torch.testing.assert_close(logits[True], logits[False], rtol=0.05, atol=0.05)
+    pair = replace(tiny, draft=drafts[True], shared_encoder=True)
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(5))
+    opts = DecodeOptions(draft_stop=0.0, mode="exact", gamma=4, gamma_policy="fixed", max_new_tokens=20)
+    spec, ar = decode(pair, mel, opts)[0], decode(pair, mel, replace(opts, mode="autoregressive"))[0]
+    assert spec.tokens == ar.tokens and spec.stats.accepted > 0
+    for native in (False, True):
+        monkeypatch.setattr(bf16, "available", lambda native=native: native)
+        d = copy.deepcopy(draft).attach(t).quantize_int8()
+        assert d.cross_dtype == (torch.bfloat16 if native else torch.float32)
+
+
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
 def test_int8_draft_fuses_qkv_into_one_product_with_the_same_result(tiny):
     t = tiny.target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
@@ -222,13 +254,15 @@ def test_int8_draft_fuses_qkv_into_one_product_with_the_same_result(tiny):
 
 
 @pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
-def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
+@pytest.mark.parametrize("bf16_cross", [False, True])
+def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny, bf16_cross):
     """`layer_steps`: blocks and one-token steps through the scripted layer give exactly
-    the eager int8 layer's logits, across cache writes, a rollback and rewriting the cache."""
+    the eager int8 layer's logits, across cache writes, a rollback and rewriting the cache,
+    with the cross K/V in fp32 and in bf16 (`DistilledDraft.cross_dtype`)."""
     t = tiny.target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
-    eager = copy.deepcopy(draft).attach(t).quantize_int8(script=False)
-    scripted = copy.deepcopy(draft).attach(t).quantize_int8()
+    eager = copy.deepcopy(draft).attach(t).quantize_int8(script=False, bf16_cross=bf16_cross)
+    scripted = copy.deepcopy(draft).attach(t).quantize_int8(bf16_cross=bf16_cross)
     assert eager.layers[0]._step is None and scripted.layers[1]._step is not None
     states = _states(tiny, 7)
     prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * 2)
@@ -236,6 +270,8 @@ def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny):
     with torch.inference_mode():
         for d in (eager, scripted):
             runner = d.runner(states)
+            held = {t.dtype for kv in runner.cross for t in kv}
+            assert held == {torch.bfloat16 if bf16_cross else torch.float32}
             out = [runner(prefix, 1)]
             out += [runner(torch.tensor([[tok], [tok + 1]]), 1) for tok in (2068, 3699, 264)]
             runner.rollback(6)  # drop the last two: the next step rewrites their cache slots

@@ -303,8 +303,10 @@ def int8_layer_step(
     q = _heads(int8_product(_norm(x, ln2_w, ln2_b, eps), cross_q, cross_q_b, per_row) * scale, B, heads)
     if rows > 0:
         y = _merge(fixed_attend(q, cross_k, cross_v, None, rows, 0, True))  # cross_k: Kᵀ
-    else:
-        y = _merge(F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0))
+    else:  # a draft's cross K/V may be bf16 (`DistilledDraft.cross_dtype`): q meets them there
+        y = _merge(
+            F.scaled_dot_product_attention(q.to(cross_k.dtype), cross_k, cross_v, scale=1.0).to(x.dtype)
+        )
     x = x + int8_product(y, cross_out, cross_out_b, per_row).view(shape)
     h = F.gelu(int8_product(_norm(x, ln3_w, ln3_b, eps), fc1, fc1_b, per_row))
     return x + int8_product(h, fc2, fc2_b, per_row).view(shape)

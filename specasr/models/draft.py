@@ -22,6 +22,10 @@ means of p adjacent frames' cross-attention K and V, 1500 / p instead of 1500. A
 reads every K/V row it attends over, so that cuts the largest part of what it reads; it must be
 trained so (the target's own attention is never pooled, so exactness is untouched).
 
+On a CPU with native bf16 dot products an int8 draft also keeps those K/V in bf16
+(`cross_dtype`, set by `quantize_int8`): half the bytes that every step's cross-attention
+reads, the draft's only (docs/benchmarks.md has the step it saves).
+
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
 "target", "init_layers", "cross_pool" (absent: 1)}.
@@ -71,6 +75,7 @@ class DistilledDraft(nn.Module):
         self._head_int8: Int8Linear | None = None
         self.cross_from: list[int | None] = [None] * layers  # set by attach()
         self.cross_pool = 1  # frames per cross-attention K/V row (`pool_cross`)
+        self.cross_dtype = torch.float32  # the dtype its runner keeps cross K/V in (`quantize_int8`)
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -198,21 +203,31 @@ class DistilledDraft(nn.Module):
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
-        if self.cross_pool > 1:  # [B, H, S / p, dh] per layer: the runner keeps them as given
+        if self.cross_pool > 1 or self.cross_dtype != torch.float32:
+            # [B, H, S / p, dh] per layer in cross_dtype: the runner keeps them as given
             with torch.inference_mode():
                 own = [None] * len(self.layers) if cross is None else cross
                 cross = [
-                    self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
+                    tuple(
+                        t.to(self.cross_dtype)
+                        for t in self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
+                    )
                     for kv, layer in zip(own, self.layers)
                 ]
         return LeanRunner(self, states, cross)
 
-    def quantize_int8(self, script: bool = True) -> DistilledDraft:
+    def quantize_int8(self, script: bool = True, bf16_cross: bool | None = None) -> DistilledDraft:
         """Inference on CPU with int8 weights (`specasr.cpu.linear.Int8Linear`): lossy, which
         moves the acceptance rate but never the transcript. Attach first; no training
         afterwards. script: each layer runs as one TorchScript function
         (`specasr.cpu.scripted`), bitwise the same as the eager layer and faster per
-        one-token step, without Python between the ops (measured: docs/benchmarks.md)."""
+        one-token step, without Python between the ops (measured: docs/benchmarks.md).
+        bf16_cross: its runners keep the cross-attention K/V in bf16 (`cross_dtype`), which
+        attention reads in bf16 with fp32 results: lossy like the int8 products, and a
+        cheaper step where bf16 is native; None: where the CPU computes bf16 natively
+        (`specasr.cpu.bf16.available`), where it is emulated it would be slower."""
+        from specasr.cpu import bf16
+
         if not self._shared:
             raise RuntimeError("attach the draft to its target before quantizing it")
         if self.layer_norm.weight.device.type != "cpu":
@@ -226,6 +241,9 @@ class DistilledDraft(nn.Module):
             swap_linears(self.layers, Int8Linear.of, pool)
             self._head_int8 = head.result()
         del self._shared["head"]  # the fp32 copy goes
+        self.cross_dtype = (
+            torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32
+        )
         for layer in self.layers:
             if step is not None:
                 layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count

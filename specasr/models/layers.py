@@ -168,8 +168,8 @@ class DecoderLayer(nn.Module):
         q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
         if fixed:
             y = fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0, True)  # cross_k: Kᵀ
-        else:
-            y = F.scaled_dot_product_attention(q, cross_k, cross_v, scale=1.0)
+        else:  # a draft's cross K/V may be bf16 (`DistilledDraft.cross_dtype`): q meets them there
+            y = F.scaled_dot_product_attention(q.to(cross_k.dtype), cross_k, cross_v, scale=1.0).to(x.dtype)
         x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 

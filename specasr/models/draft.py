@@ -75,7 +75,8 @@ class DistilledDraft(nn.Module):
         self._head_int8: Int8Linear | None = None
         self.cross_from: list[int | None] = [None] * layers  # set by attach()
         self.cross_pool = 1  # frames per cross-attention K/V row (`pool_cross`)
-        self.cross_dtype = torch.float32  # the dtype its runner keeps cross K/V in (`quantize_int8`)
+        # the dtype its runners keep cross K/V in (`quantize_int8`); None: as computed (fp16 on CUDA)
+        self.cross_dtype: torch.dtype | None = None
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -203,17 +204,16 @@ class DistilledDraft(nn.Module):
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
-        if self.cross_pool > 1 or self.cross_dtype != torch.float32:
-            # [B, H, S / p, dh] per layer in cross_dtype: the runner keeps them as given
+        if self.cross_pool > 1 or self.cross_dtype is not None:
+            # [B, H, S / p, dh] per layer (in cross_dtype, when set): the runner keeps them as given
             with torch.inference_mode():
                 own = [None] * len(self.layers) if cross is None else cross
                 cross = [
-                    tuple(
-                        t.to(self.cross_dtype)
-                        for t in self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
-                    )
+                    self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
                     for kv, layer in zip(own, self.layers)
                 ]
+                if self.cross_dtype is not None:
+                    cross = [(k.to(self.cross_dtype), v.to(self.cross_dtype)) for k, v in cross]
         return LeanRunner(self, states, cross)
 
     def quantize_int8(self, script: bool = True, bf16_cross: bool | None = None) -> DistilledDraft:

@@ -448,6 +448,7 @@ def test_cuda_prompts_and_timestamps_through_the_graphs():
     graphs), timestamps, replays after the first round: the host loop's tokens each time."""
     from tiny_pairs import random_tiny_pair
 
+    from specasr.decode.graphed import DEVICE_GAMMA_TIMESTAMPS
     from specasr.decode.loop import decode_states
 
     pair = random_tiny_pair(seed=1, device="cuda")
@@ -461,4 +462,5 @@ def test_cuda_prompts_and_timestamps_through_the_graphs():
             host = decode_states(pair, states, states, replace(opts, device_loop=False), prompt)
             device = decode_states(pair, states, states, opts, prompt)
             assert [r.tokens for r in device] == [r.tokens for r in host], n
-            assert set(device[0].stats.gammas) == {5}  # the device loop's
+            # the device loop's fixed γ with timestamps (the host loop's stop drafts 1 here)
+            assert set(device[0].stats.gammas) == {DEVICE_GAMMA_TIMESTAMPS}

@@ -442,6 +442,46 @@ def test_prompts_of_any_length_in_one_loop(stamped):
     ]
 
 
+@pytest.mark.parametrize("keep", [None, 4, 0])
+def test_the_draft_reads_only_the_prompts_tail(monkeypatch, keep):
+    """As the host loop's `PromptTail`: the device loop's draft sees <|startofprev|>, then the
+    context past prompt token `drop` (all but the last `draft_prompt` prompt tokens), at
+    positions that run `drop` behind the target's; the target reads the whole prompt, so the
+    tokens are the host loop's whatever the draft reads."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.decode.loop import decode_states
+
+    pair = random_tiny_pair(seed=1)
+    opts = DecodeOptions(mode="exact", max_new_tokens=24, language="en", draft_prompt=keep)
+    states, _ = pair.encode(torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0)))
+    prompt = list(range(300, 330))  # 30 prompt tokens
+    task = Task.build(pair, opts, "en", prompt)
+    loop = GraphedGreedy(pair, opts, task, 2)
+    calls, real = [], graphed.fixed_pass
+
+    def spy(runner, tokens, pos, **kw):
+        calls.append((runner, tokens.clone(), pos.clone()))
+        return real(runner, tokens, pos, **kw)
+
+    monkeypatch.setattr(graphed, "fixed_pass", spy)
+    tokens, state = loop.run(states, states, task)
+    assert tokens == [r.tokens for r in decode_states(pair, states, states, opts, prompt)]
+    drop = {None: 0, 4: 26, 0: 30}[keep]
+    assert loop.drop(task) == drop
+    draft = loop.workspaces[next(iter(loop.workspaces))].draft
+    seq, P = state.seq, len(task.init)  # [B, 448]: the final contexts
+    tail = torch.cat([seq[:, :1], seq[:, 1 + drop :]], 1)  # [B, 448 - drop]: what the draft reads
+    fed = [(t, p) for r, t, p in calls if r is draft]
+    prefill, starts = fed[0], [(t, p) for t, p in fed[1:] if t.shape[1] == 2]
+    real_rows = prefill[1][0] <= P - 2 - drop  # the prefill's positions that hold the start sequence
+    assert torch.equal(prefill[0][:, real_rows], tail[:, : int(real_rows.sum())])
+    assert len(starts) == state.passes > 0
+    for t, p in starts:  # each step feeds the last two context tokens at their draft positions
+        assert torch.equal(t, tail.gather(1, p)), p
+    assert state.accepted > 0
+
+
 @needs_cuda
 def test_cuda_prompts_and_timestamps_through_the_graphs():
     """Sequential long-form's decodes on CUDA: prompts of several lengths (several prefill

@@ -21,8 +21,12 @@ same algorithm at T = 0 with all per-step state on the device:
   position and each verified position sees its own context.
 - **Prompts** (the text before, in sequential long-form) make start sequences of any length
   P: the prefill runs over a length bucket T ≥ P − 1 (4, 8, … 256), and where sampling
-  begins, the token limit and the <|sot|> index are tensors (`Workspace.meta`), so one
-  loop, its step graphs and a prefill graph per bucket serve every prompt and language.
+  begins, the token limit, the <|sot|> index and the draft's drop are tensors
+  (`Workspace.meta`), so one loop, its step graphs and a prefill graph per bucket serve
+  every prompt and language. The draft reads only the prompt's last
+  `DecodeOptions.draft_prompt` tokens, as the host loop's `decode.runners.PromptTail`: its
+  sequence skips prompt tokens 1 … drop, so its positions run `drop` behind the target's
+  (the draft agrees far less after a long prompt; the target reads all of it).
 - **Acceptance:** n = number of leading drafts equal to the target's argmax. The next token
   is the target's argmax at n. n is cut at a drafted <|endoftext|> (the target's token there
   is the same eot, so it becomes the next token), and so that no row passes its limit.
@@ -133,7 +137,8 @@ class Workspace:
     draft: LeanRunner | None
     graphs: dict[int, tuple[object, Tensor]] = field(default_factory=dict)  # γ -> (CUDAGraph, flags)
     init: Tensor | None = None  # [448] long: this decode's start sequence, then eot
-    meta: Tensor | None = None  # [3] long: this decode's P = len(start), token limit, <|sot|> index
+    meta: Tensor | None = None  # [4] long: this decode's P = len(start), token limit, <|sot|> index,
+    # and the prompt tokens the draft skips (`GraphedGreedy.drop`)
     inputs: tuple[Tensor, Tensor | None] | None = None  # the start graphs' encoder states
     start_graphs: dict[int, object] = field(default_factory=dict)  # prefill length -> CUDAGraph
 
@@ -173,6 +178,7 @@ class GraphedGreedy:
         self.gamma = gamma.gamma if self.policy is not None else gamma  # γ of the next step
         self.gammas = [gamma] if self.policy is None else list(range(1, self.policy.gamma_max + 1))
         self.pair, self.task = pair, task
+        self.draft_prompt = options.draft_prompt  # prompt tokens the draft reads (None: all)
         V = pair.target.config.vocab_size
         rules = [f for f in task.filters if isinstance(f, TimestampRules)]
         self.rules = rules[0] if rules else None  # applied last, as in the host chain
@@ -250,8 +256,10 @@ class GraphedGreedy:
         s.sum_logprob.zero_()
         pos = torch.arange(T, device=dev).expand(B, -1)  # [B, T]
         hidden = fixed_pass(ws.target, s.seq[:, :T], pos, hidden=True)  # [B, T, d]
-        if ws.draft is not None:
-            fixed_pass(ws.draft, s.seq[:, :T], pos, hidden=True)
+        if ws.draft is not None:  # its sequence: <|startofprev|>, then the context past drop + 1
+            j = torch.arange(T, device=dev)
+            src = (j + ws.meta[3] * (j > 0)).clamp(max=N_TEXT_CTX - 1)  # [T] context positions
+            fixed_pass(ws.draft, s.seq.index_select(1, src), pos, hidden=True)
         logits = ws.target.decoder.logits(hidden.index_select(1, ws.meta[2:]))[:, 0]  # [B, V] after <|sot|>
         s.no_speech.copy_(torch.softmax(logits.float(), -1)[:, self.pair.tokenizer.no_speech])
 
@@ -283,9 +291,9 @@ class GraphedGreedy:
             )
             ws = self.workspaces[key] = Workspace(steps, *fresh)
             ws.init = torch.empty(N_TEXT_CTX, dtype=torch.long, device=dev)
-            ws.meta = torch.empty(3, dtype=torch.long, device=dev)
+            ws.meta = torch.empty(4, dtype=torch.long, device=dev)
         ws.init.copy_(torch.tensor(list(init) + [self.eot] * (N_TEXT_CTX - P)))
-        ws.meta.copy_(torch.tensor([P, task.limit, task.sot_index]))
+        ws.meta.copy_(torch.tensor([P, task.limit, task.sot_index, self.drop(task)]))
         self._current, self._task = ws, task
         if fresh is not None or not self.graphs:
             self._prefill(ws, target_states, draft_states, T, fresh)
@@ -325,6 +333,12 @@ class GraphedGreedy:
         self._current = ws
         return ws.steps, ws.target, ws.draft
 
+    def drop(self, task: Task) -> int:
+        """Prompt tokens the draft skips (1 … drop after <|startofprev|>): all but the last
+        `draft_prompt`, as `decode.runners.prompt_tail` gives the host loop's draft."""
+        keep = self.draft_prompt
+        return 0 if keep is None else max(task.prompt_len - keep, 0)
+
     def _side_stream(self, dev) -> torch.cuda.Stream:
         if self._side is None:  # warm-ups and captures on one side stream, as CUDA graphs want
             self._side = torch.cuda.Stream(device=dev)
@@ -342,13 +356,14 @@ class GraphedGreedy:
         d = torch.empty(B, 0, dtype=torch.long, device=dev)  # [B, γ] drafts
         ctx = s.seq.clone() if self.rules is not None else None  # [B, 448]: context + drafts so far
         if g:
+            drop = self._current.meta[3]  # the draft's positions run this far behind (prompt tail)
             pos = torch.stack([L - 2, L - 1], 1)  # [B, 2]
-            drafts = [self._draft_token(draft, s.seq.gather(1, pos), pos, L, ctx)]
+            drafts = [self._draft_token(draft, s.seq.gather(1, pos), pos - drop, L, ctx)]
             for i in range(1, g):
                 if ctx is not None:
                     ctx.scatter_(1, (L + i - 1).clamp(max=last)[:, None], drafts[-1][:, None])
                 pos = (L + i - 1).clamp(max=last)[:, None]  # [B, 1]
-                drafts.append(self._draft_token(draft, drafts[-1][:, None], pos, L + i, ctx))
+                drafts.append(self._draft_token(draft, drafts[-1][:, None], pos - drop, L + i, ctx))
             d = torch.stack(drafts, 1)
             if ctx is not None:
                 ctx.scatter_(1, (L + g - 1).clamp(max=last)[:, None], drafts[-1][:, None])
@@ -456,11 +471,11 @@ DEVICE_GAMMA_TIMESTAMPS = 2
 def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
     """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
     the host loop must: not CUDA, T > 0, hooks, phase timing, a start sequence of one token
-    (timestamped English-only), or `options.device_loop` off. A prompt is fine: the draft then
-    reads all of it (the host loop's reads its last `draft_prompt` tokens; the same output,
-    another α̂). "auto" is fixed at `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with
-    timestamps (at most `options.gamma`), "adaptive" adapts from γ up to min(γ_max, 8); "fixed",
-    "backoff" and "analytic" (whose costs are a CPU's, or need phase times) are fixed at γ."""
+    (timestamped English-only), or `options.device_loop` off. A prompt is fine: the draft
+    reads its last `draft_prompt` tokens, as the host loop's does. "auto" is fixed at
+    `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with timestamps (at most `options.gamma`),
+    "adaptive" adapts from γ up to min(γ_max, 8); "fixed", "backoff" and "analytic" (whose
+    costs are a CPU's, or need phase times) are fixed at γ."""
     if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
         return None
     if options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):

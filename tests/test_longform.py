@@ -413,3 +413,26 @@ def test_the_long_form_benchmark_runs_on_a_held_out_corpus(tmp_path, librivox):
     ]
     assert len(rows) == 4
     assert all(float(r.split("|")[-2].strip().rstrip("%")) < 30 for r in rows)  # WER, tiny.en
+
+
+@pytest.mark.parametrize("name, dtype", [(None, None), ("fp32", torch.float32), ("fp16", torch.float16)])
+def test_the_long_form_benchmark_loads_the_dtype_it_is_given(monkeypatch, tmp_path, librivox, name, dtype):
+    """`--dtype` reaches `load_pair` (fp32 on CUDA, where fp16 can flip a near-tie); unset, the
+    device's default (None)."""
+    from click.testing import CliRunner
+
+    from specasr.models import loading
+    from specasr.research import longform as bench
+
+    seen = []
+
+    def fake_load_pair(*args, **kwargs):
+        seen.append(kwargs)
+        raise RuntimeError("loaded")
+
+    monkeypatch.setattr(loading, "load_pair", fake_load_pair)
+    args = ["--corpus", str(_corpus(tmp_path, librivox)), "--source", "librivox:en", "--repeats", "1"]
+    result = CliRunner().invoke(bench.main, args + (["--dtype", name] if name else []))
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "loaded"
+    assert seen == [dict(device="cpu", dtype=dtype, compute_type="float32")]
+    assert CliRunner().invoke(bench.main, [*args, "--dtype", "fp8"]).exit_code == 2

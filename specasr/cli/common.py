@@ -262,21 +262,29 @@ def pair_loader(
     target-only decoding) and `half_weights`, uncalled: Ray actors call it where they run."""
     from functools import partial
 
-    import torch
-
     from specasr.models.loading import load_pair
 
-    torch_dtype = {None: None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     want_draft = None if mode == "autoregressive" and draft in (None, "default") else (draft or "default")
     return partial(
         load_pair,
         model,
         want_draft,
         device=device,
-        dtype=torch_dtype,
+        dtype=torch_dtype(dtype),
         compute_type=compute_type,
         half_weights=half_weights,
     )
+
+
+DTYPES = ("fp32", "fp16", "bf16")  # `--dtype`'s names
+
+
+def torch_dtype(name: str | None):
+    """A `--dtype` name -> its torch dtype (None: the device's default, `load_pair`'s)."""
+    import torch
+
+    names = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    return None if name is None else names[name]
 
 
 def ray_settings(address: str | None, workers: int | None, cpus: float | None, gpus: float | None):
@@ -329,7 +337,7 @@ model_options = _stack(
     click.option("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)."),
     click.option(
         "--dtype",
-        type=click.Choice(["fp32", "fp16", "bf16"]),
+        type=click.Choice(DTYPES),
         default=None,
         help="Model dtype (default: fp32 on CPU, fp16 on CUDA).",
     ),

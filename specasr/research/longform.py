@@ -31,6 +31,7 @@ import click
 import numpy as np
 import soundfile as sf
 
+from specasr.cli.common import DTYPES, torch_dtype
 from specasr.eval.metric import wer
 from specasr.options import TranscribeOptions, VadOptions
 
@@ -164,6 +165,12 @@ def _faster_whisper(
     "--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper on the packaged CT2 files."
 )
 @click.option("--device", default="cpu", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPES),
+    default=None,
+    help="Model dtype (default: fp32 on CPU, fp16 on CUDA); fp32 on CUDA, where fp16 can flip a near-tie.",
+)
 @click.option("--vad", "with_vad", is_flag=True, help="Add sequential and chunked runs with Silero VAD.")
 @click.option(
     "--compute-type",
@@ -195,6 +202,7 @@ def main(
     data,
     with_fw,
     device,
+    dtype,
     with_vad,
     compute_types,
     corpus,
@@ -228,7 +236,7 @@ def main(
     configs = {}
     pairs: list[tuple[str, str, str]] = []  # (label, autoregressive row, speculative row)
     for ct in compute_types.split(","):
-        pair = load_pair(model, draft, device=device, compute_type=ct)
+        pair = load_pair(model, draft, device=device, dtype=torch_dtype(dtype), compute_type=ct)
         tag = "" if ct == "float32" else f" [{ct}]"
         for strategy, label, vad, timestamps, speculates in variants:
             names = [f"{label}, autoregressive{tag}"]
@@ -285,7 +293,8 @@ def main(
         if a in outputs and b in outputs
     ]
     click.echo(
-        f"{model} (draft {draft}) on {duration:.1f} s of audio, device {device}, "
+        f"{model} (draft {draft}) on {duration:.1f} s of audio, device {device}"
+        f"{'' if dtype is None else ' ' + dtype}, "
         f"{torch.get_num_threads()} threads, {repeats} repeats; speculative tokens identical to "
         f"autoregressive at T=0: {', '.join(identical)}\n"
     )

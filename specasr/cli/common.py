@@ -277,6 +277,12 @@ def pair_loader(
 
 
 DTYPES = ("fp32", "fp16", "bf16")  # `--dtype`'s names
+dtype_option = click.option(
+    "--dtype",
+    type=click.Choice(DTYPES),
+    default=None,
+    help="Model dtype (default: fp32 on CPU, fp16 on CUDA, where fp16 can flip a near-tie of exact mode).",
+)
 
 
 def torch_dtype(name: str | None):
@@ -335,12 +341,7 @@ model_options = _stack(
         help="Draft: 'default' (the preset's), 'none', 'self:K' (first K target layers), or a model spec.",
     ),
     click.option("--device", default=None, help="cpu, cuda, cuda:1 … (default: cuda when available)."),
-    click.option(
-        "--dtype",
-        type=click.Choice(DTYPES),
-        default=None,
-        help="Model dtype (default: fp32 on CPU, fp16 on CUDA).",
-    ),
+    dtype_option,
     compute_type_option(
         "The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "
         "speculative modes give its own greedy tokens. bfloat16 (CPUs with AVX512_BF16 or AMX): "

@@ -59,7 +59,7 @@ from specasr.constants import N_TEXT_CTX
 from specasr.cpu.lean import LeanRunner
 from specasr.decode.filters import TimestampRules, device_form, static_masks, timestamp_rules_on_device
 from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
-from specasr.decode.runners import make_runner
+from specasr.decode.runners import make_runner, prompt_drop
 from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
 
@@ -257,7 +257,7 @@ class GraphedGreedy:
         pos = torch.arange(T, device=dev).expand(B, -1)  # [B, T]
         hidden = fixed_pass(ws.target, s.seq[:, :T], pos, hidden=True)  # [B, T, d]
         if ws.draft is not None:  # its sequence: <|startofprev|>, then the context past drop + 1
-            j = torch.arange(T, device=dev)
+            j = pos[0]  # [T]
             src = (j + ws.meta[3] * (j > 0)).clamp(max=N_TEXT_CTX - 1)  # [T] context positions
             fixed_pass(ws.draft, s.seq.index_select(1, src), pos, hidden=True)
         logits = ws.target.decoder.logits(hidden.index_select(1, ws.meta[2:]))[:, 0]  # [B, V] after <|sot|>
@@ -335,9 +335,8 @@ class GraphedGreedy:
 
     def drop(self, task: Task) -> int:
         """Prompt tokens the draft skips (1 … drop after <|startofprev|>): all but the last
-        `draft_prompt`, as `decode.runners.prompt_tail` gives the host loop's draft."""
-        keep = self.draft_prompt
-        return 0 if keep is None else max(task.prompt_len - keep, 0)
+        `draft_prompt` (`decode.runners.prompt_drop`, as the host loop's draft)."""
+        return prompt_drop(task.prompt_len, self.draft_prompt)
 
     def _side_stream(self, dev) -> torch.cuda.Stream:
         if self._side is None:  # warm-ups and captures on one side stream, as CUDA graphs want

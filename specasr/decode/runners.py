@@ -122,9 +122,15 @@ class PromptTail:
         return self.inner.cache_prefix(row)
 
 
+def prompt_drop(prompt_len: int, keep: int | None) -> int:
+    """Prompt tokens a draft skips (1 … drop after <|startofprev|>) when it may read only the
+    last `keep` of `prompt_len` (None: all): the host loop's `PromptTail` and the device loop's
+    (`decode.graphed`) alike."""
+    return 0 if keep is None else max(prompt_len - keep, 0)
+
+
 def prompt_tail(runner: Runner, prompt_len: int, keep: int | None) -> Runner:
     """The draft's runner for a decode whose start sequence holds a prompt of `prompt_len`
     tokens after <|startofprev|> (0: none): a `PromptTail` when it may read only `keep`."""
-    if keep is None or prompt_len <= keep:
-        return runner
-    return PromptTail(runner, prompt_len - keep)
+    drop = prompt_drop(prompt_len, keep)
+    return PromptTail(runner, drop) if drop else runner

@@ -31,7 +31,7 @@ import click
 import numpy as np
 import soundfile as sf
 
-from specasr.cli.common import DTYPES, torch_dtype
+from specasr.cli.common import dtype_option, torch_dtype
 from specasr.eval.metric import wer
 from specasr.options import TranscribeOptions, VadOptions
 
@@ -165,12 +165,7 @@ def _faster_whisper(
     "--faster-whisper", "with_fw", is_flag=True, help="Add faster-whisper on the packaged CT2 files."
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option(
-    "--dtype",
-    type=click.Choice(DTYPES),
-    default=None,
-    help="Model dtype (default: fp32 on CPU, fp16 on CUDA); fp32 on CUDA, where fp16 can flip a near-tie.",
-)
+@dtype_option
 @click.option("--vad", "with_vad", is_flag=True, help="Add sequential and chunked runs with Silero VAD.")
 @click.option(
     "--compute-type",

@@ -292,12 +292,13 @@ def test_bad_options_exit_2_before_loading_anything(fake, tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output and "Error:" in result.stderr, args
         assert result.stderr.count("\n") < 10, args  # one message, not the language list
-        assert elapsed < 1.0, (args, elapsed)
+        assert elapsed < 3.0, (args, elapsed)  # generous: CI hosts are noisy; loads are asserted below
     assert fake.loads == []
 
 
 def test_bad_options_exit_2_in_a_fresh_process(tmp_path):
-    """Without fakes: the real command exits 2 within a second and never imports torch."""
+    """Without fakes: the real command exits 2 at once (the bound, 3 s, is generous for a noisy CI
+    host) and never imports torch."""
     audio = str(_audio(tmp_path / "x.wav"))
     cases = [["--temperature", "inf"], ["--language", "xx"], ["--model", "tiny.en", "--task", "translate"]]
     cases += [["--draft", "none"], ["-o", "/proc/specasr-cannot-be-made/out"]]
@@ -312,7 +313,7 @@ def test_bad_options_exit_2_in_a_fresh_process(tmp_path):
     rows = [line.split() for line in out.stdout.splitlines()]
     assert len(rows) == len(cases), out.stdout + out.stderr
     for args, (exit_code, elapsed, torch_loaded) in zip(cases, rows):
-        assert exit_code == "2" and float(elapsed) < 1.0 and torch_loaded == "False", (args, rows)
+        assert exit_code == "2" and float(elapsed) < 3.0 and torch_loaded == "False", (args, rows)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")

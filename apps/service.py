@@ -56,7 +56,7 @@ class Controls:
     temperature: float = _DECODE.temperature  # the first temperature; fallbacks step up by 0.2
     sigmoid_alpha: float = _DECODE.sigmoid_scale[0]  # α of the sigmoid verifier
     sigmoid_beta: float = _DECODE.sigmoid_scale[1]  # β of the sigmoid verifier
-    language: str = _DECODE.language or "auto"  # a language code, or "auto" to detect it
+    language: str = "auto"  # a language code, or "auto" to detect it (as the CLI; English-only: en)
     task: str = _DECODE.task  # transcribe | translate
     timestamps: bool = _DECODE.timestamps  # decode timestamp tokens and show segment times
     seed: int = _DECODE.seed  # seeds sampling (temperature > 0)

@@ -43,6 +43,33 @@ def test_without_timestamps_decodes_text_tokens_only(librivox, tiny_en_pair):
     assert tokens[True] and all(t < ts_begin for t in tokens[True])
 
 
+@pytest.mark.slow  # loads base; runs espeak-ng (CI installs it)
+def test_the_language_is_detected_unless_given(tmp_path):
+    """By default each input's language is detected, as a user of a multilingual model
+    expects: German speech is transcribed in German. `--language en` forces English, which
+    turns the same speech into something else."""
+    import json
+    import subprocess
+
+    wav = tmp_path / "de.wav"
+    text = "Guten Morgen, wie geht es Ihnen heute? Das Wetter ist sehr schön."
+    wav.write_bytes(
+        subprocess.run(
+            ["espeak-ng", "-v", "de", "-s", "150", "--stdout", text], capture_output=True, check=True
+        ).stdout
+    )
+    seen = {}
+    for given in ([], ["--language", "en"]):
+        result = CliRunner().invoke(main, ["transcribe", str(wav), "--format", "json", *given])
+        assert result.exit_code == 0, result.output
+        seen[bool(given)] = json.loads(result.stdout)
+    auto, forced = seen[False], seen[True]
+    assert (auto["info"]["language"], auto["info"]["language_detected"]) == ("de", True)
+    assert (forced["info"]["language"], forced["info"]["language_detected"]) == ("en", False)
+    assert wer(["guten morgen wie geht es ihnen heute"], [" ".join(auto["text"].split()[:7])]) <= 0.3
+    assert wer([text], [auto["text"]]) < wer([text], [forced["text"]])
+
+
 @pytest.mark.slow  # loads base in int8 with the packaged draft
 def test_an_int8_target_transcribes_in_the_default_exact_mode_as_it_does_autoregressively(librivox):
     """`--compute-type int8` with the default mode (exact) runs speculation and prints the

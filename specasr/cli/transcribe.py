@@ -103,7 +103,10 @@ def _output_stems(files: list[str]) -> list[str]:
     help="First temperature; windows that fail the quality checks retry at +0.2 steps up to 1.0.",
 )
 @click.option(
-    "--language", default=DEFAULTS.language, show_default=True, help="Language code; 'auto' to detect."
+    "--language",
+    default="auto",
+    show_default=True,
+    help="Language code, or 'auto': detected on each input's first 30 s (an English-only model: en).",
 )
 @click.option(
     "--task", type=click.Choice(["transcribe", "translate"]), default=DEFAULTS.task, show_default=True

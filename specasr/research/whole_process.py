@@ -133,7 +133,7 @@ def rows_for(
     """The commands timed on one clip; batched: also each system's batched, text-only
     long-form path (VAD, batches of 8 windows, no timestamps), exact fp32 and int8 for specasr;
     bf16 (a CPU with native bf16): also specasr exact int8_bfloat16, on each path."""
-    cli = [sys.executable, "-m", "specasr", "transcribe", clip]
+    cli = [sys.executable, "-m", "specasr", "transcribe", clip, "--language", "en"]  # as fw is run
     rows = [
         Row("specasr transcribe --mode exact", [*cli, "--mode", "exact"]),
         Row("specasr transcribe --mode autoregressive", [*cli, "--mode", "autoregressive"]),

@@ -17,8 +17,10 @@ from specasr.options import FALLBACK_TEMPERATURES, TranscribeOptions
 
 def test_controls_map_onto_the_library_options():
     default = Controls().options()
-    # the app starts from the library's defaults, and times the phases for its statistics table
-    assert default == TranscribeOptions().with_decode(timing=True)
+    # the app starts from the library's defaults, but detects the language as the CLI does, and
+    # times the phases for its statistics table
+    assert Controls().language == "auto" and default.decode.language is None
+    assert default == TranscribeOptions().with_decode(timing=True, language=None)
     assert default.temperatures == FALLBACK_TEMPERATURES
     opts = Controls(
         mode="sigmoid",
@@ -28,7 +30,7 @@ def test_controls_map_onto_the_library_options():
         temperature=0.5,
         sigmoid_alpha=-4,
         sigmoid_beta=6,
-        language="auto",
+        language="de",
         task="translate",
         timestamps=False,
         seed=7.0,
@@ -36,7 +38,7 @@ def test_controls_map_onto_the_library_options():
     d = opts.decode
     assert (d.mode, d.gamma_policy, d.gamma, d.gamma_max) == ("sigmoid", "fixed", 20, 20)
     assert d.draft_stop == 0.35
-    assert d.sigmoid_scale == (-4.0, 6.0) and d.language is None and d.task == "translate"
+    assert d.sigmoid_scale == (-4.0, 6.0) and d.language == "de" and d.task == "translate"
     assert d.timestamps is False and d.seed == 7
     assert opts.temperatures[0] == 0.5 and opts.temperatures[-1] <= 1.0
     with pytest.raises(ValueError, match="α < β"):

@@ -19,7 +19,7 @@ from dataclasses import fields
 import gradio as gr
 
 from specasr.audio import AudioWarning
-from specasr.options import GAMMA_POLICIES, MODES
+from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MODES
 
 from .service import (
     TOKEN_KINDS,
@@ -92,7 +92,7 @@ def _accepted_plot(result):
 def _control_widgets(pair) -> dict[str, gr.components.Component]:
     """One widget per `Controls` field, keyed by the field's name."""
     tok = pair.tokenizer
-    languages = ["auto", *sorted(tok.language_tokens)] if tok.multilingual else ["en"]
+    languages = [DETECT_LANGUAGE, *sorted(tok.language_tokens)] if tok.multilingual else ["en"]
     with gr.Accordion("Decoding", open=True):
         widgets = {
             "mode": gr.Radio(list(MODES), value=_DEFAULT.mode, label="Mode", elem_id="mode"),

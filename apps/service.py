@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from specasr.audio import AudioError, AudioTooLong, load_audio
 from specasr.constants import SAMPLE_RATE
-from specasr.options import TranscribeOptions, fallback_schedule
+from specasr.options import DETECT_LANGUAGE, TranscribeOptions, fallback_schedule, language_of
 
 if TYPE_CHECKING:  # types only: `specasr app --help` does not load torch
     import numpy as np
@@ -56,7 +56,7 @@ class Controls:
     temperature: float = _DECODE.temperature  # the first temperature; fallbacks step up by 0.2
     sigmoid_alpha: float = _DECODE.sigmoid_scale[0]  # α of the sigmoid verifier
     sigmoid_beta: float = _DECODE.sigmoid_scale[1]  # β of the sigmoid verifier
-    language: str = "auto"  # a language code, or "auto" to detect it (as the CLI; English-only: en)
+    language: str = DETECT_LANGUAGE  # a language code, or "auto" to detect it (English-only: en)
     task: str = _DECODE.task  # transcribe | translate
     timestamps: bool = _DECODE.timestamps  # decode timestamp tokens and show segment times
     seed: int = _DECODE.seed  # seeds sampling (temperature > 0)
@@ -74,7 +74,7 @@ class Controls:
             gamma_max=max(_DECODE.gamma_max, gamma),
             draft_stop=float(self.draft_stop),
             sigmoid_scale=(float(self.sigmoid_alpha), float(self.sigmoid_beta)),
-            language=None if self.language == "auto" else self.language,
+            language=language_of(self.language),
             task=self.task,
             timestamps=bool(self.timestamps),
             seed=seed,

@@ -12,6 +12,14 @@ from dataclasses import dataclass, replace
 from specasr.constants import BACKENDS, MODES
 
 GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic", "backoff")
+# the front ends' name for "detect the language" (`DecodeOptions.language` None), and the CLI's
+# and the app's default; the library's own default stays "en"
+DETECT_LANGUAGE = "auto"
+
+
+def language_of(name: str) -> str | None:
+    """A front end's language name -> `DecodeOptions.language`: DETECT_LANGUAGE -> None."""
+    return None if name == DETECT_LANGUAGE else name
 
 
 @dataclass(frozen=True)

@@ -235,9 +235,7 @@ def test_an_int8_draft_with_bf16_cross_kv_stays_exact_and_close(tiny, monkeypatc
     with torch.inference_mode():  # unquantised: K/V kept in the dtype they come in (fp16 on CUDA)
         given = [(k.to(torch.bfloat16), v.to(torch.bfloat16)) for k, v in target.plain_cross()]
         plain = copy.deepcopy(draft).attach(t).runner(states, given)
-    held = [
-        {x.dtype for x in kv} for kv in plain.cross
-    ]  # layer 0 shares the target's, layer 1 computes its own
+    held = [{x.dtype for x in kv} for kv in plain.cross]  # layer 0 shares the target's; layer 1 its own
     assert draft.cross_dtype is None and held == [{torch.bfloat16}, {torch.float32}]
     for native in (False, True):
         monkeypatch.setattr(bf16, "available", lambda native=native: native)

@@ -143,6 +143,7 @@ def train(
     compute_type,
 ):
     """Label AUDIO_DIR with the target's greedy transcripts and train a draft on them."""
+    from specasr.options import language_of
     from specasr.recipes.distill_draft import DistillOptions
     from specasr.recipes.distill_draft import distill as run
 
@@ -155,7 +156,7 @@ def train(
             epochs=epochs,
             batch_size=batch_size,
             lr=lr,
-            language=None if language == "auto" else language,
+            language=language_of(language),
             init=init,
             max_windows=max_windows,
             cross_pool=cross_pool,

@@ -39,7 +39,15 @@ from specasr.cli.common import (
     ray_options,
     ray_settings,
 )
-from specasr.options import MODES, STRATEGIES, TranscribeOptions, VadOptions, fallback_schedule
+from specasr.options import (
+    DETECT_LANGUAGE,
+    MODES,
+    STRATEGIES,
+    TranscribeOptions,
+    VadOptions,
+    fallback_schedule,
+    language_of,
+)
 from specasr.writers import FORMATS, SubtitleOptions
 
 _TRANSCRIBE = TranscribeOptions()
@@ -104,7 +112,7 @@ def _output_stems(files: list[str]) -> list[str]:
 )
 @click.option(
     "--language",
-    default="auto",
+    default=DETECT_LANGUAGE,
     show_default=True,
     help="Language code, or 'auto': detected on each input's first 30 s (an English-only model: en).",
 )
@@ -252,7 +260,7 @@ def transcribe(
             gamma=gamma,
             gamma_policy=gamma_policy,
             draft_stop=draft_stop,
-            language=None if language == "auto" else language,
+            language=language_of(language),
             task=task,
             seed=seed,
             gamma_max=max(DEFAULTS.gamma_max, gamma),

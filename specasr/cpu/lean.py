@@ -219,6 +219,12 @@ def lean_decoder(model) -> LeanDecoder:
 SKIP_ROWS = 8
 
 
+# the most tokens a one-row draft pass feeds through its fused C step (`specasr.cpu.fused`),
+# one call per token: the loop's feeds after a verify pass (1–2 tokens); a window's prompt
+# (tens of tokens) runs faster as one torch pass
+FUSED_TOKENS = 4
+
+
 class LeanRunner:
     """One decoder's KV cache, preallocated for 448 positions, with the interface of
     `specasr.decode.runners.Runner` Protocol (call, rollback, keep, lengths): every row at
@@ -245,6 +251,8 @@ class LeanRunner:
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
+        fused = getattr(decoder, "fused", None)  # a draft's one-token step in C (`specasr.cpu.fused`)
+        self._fused = fused.state(self.k, self.v, self.cross) if fused is not None and B == 1 else None
 
     @property
     def vocab(self) -> list[int] | None:
@@ -262,6 +270,10 @@ class LeanRunner:
         """tokens [B, T], row b's at positions lengths[b] … lengths[b]+T-1 -> logits [B, last, V],
         or, reduced (only when `vocab` is not None), [B, last, N] over the columns `vocab`."""
         P, T = self.lengths, tokens.shape[1]
+        if self._fused is not None and T <= FUSED_TOKENS and last == 1 and reduced:  # one row (B = 1)
+            logits = self._fused.step(tokens[0].tolist(), P[0])  # [1, 1, N]
+            self.lengths = [P[0] + T]
+            return logits
         start, write = P[0], None
         if min(P) == max(P):  # rows alike (always at B = 1): one slice, one causal mask or none
             x = self.decoder.embed(tokens, start)
@@ -325,6 +337,7 @@ class LeanRunner:
         """Keep only these batch rows (finished rows stop consuming work)."""
         rows = rows.tolist() if isinstance(rows, Tensor) else rows
         index = torch.tensor(rows, device=self.states.device)
+        self._fused = None  # its tensors are replaced
         self.k = [k[index] for k in self.k]
         self.v = [v[index] for v in self.v]
         self.cross = [(k[index], v[index]) for k, v in self.cross]

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specasr.cpu.fused import FusedDraft
 from specasr.cpu.lean import LeanRunner
 from specasr.cpu.linear import Int8Linear, swap_linears
 from specasr.cpu.scripted import int8_args, scripted
@@ -77,6 +78,7 @@ class DistilledDraft(nn.Module):
         self.cross_pool = 1  # frames per cross-attention K/V row (`pool_cross`)
         # the dtype its runners keep cross K/V in (`quantize_int8`); None: as computed (fp16 on CUDA)
         self.cross_dtype: torch.dtype | None = None
+        self.fused: FusedDraft | None = None  # `quantize_int8`'s C step for one-token passes
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -216,7 +218,9 @@ class DistilledDraft(nn.Module):
                     cross = [(k.to(self.cross_dtype), v.to(self.cross_dtype)) for k, v in cross]
         return LeanRunner(self, states, cross)
 
-    def quantize_int8(self, script: bool = True, bf16_cross: bool | None = None) -> DistilledDraft:
+    def quantize_int8(
+        self, script: bool = True, bf16_cross: bool | None = None, fused: bool = True
+    ) -> DistilledDraft:
         """Inference on CPU with int8 weights (`specasr.cpu.linear.Int8Linear`): lossy, which
         moves the acceptance rate but never the transcript. Attach first; no training
         afterwards. script: each layer runs as one TorchScript function
@@ -235,6 +239,7 @@ class DistilledDraft(nn.Module):
         step = scripted("int8") if script else None
         for layer in self.layers:
             fuse_qkv(layer.self_attn, lambda fused: fused)  # quantised with the rest, below
+        self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
         # fbgemm packs each matrix on one core (the head alone ~0.06 s): all of them at once
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
             head = pool.submit(Int8Linear, self._shared["head"], None)  # [N, d]

@@ -1,0 +1,299 @@
+/* One draft token, fused: a distilled draft's whole one-token step on CPU in one call.
+ *
+ * specasr.cpu.fused compiles this file on first use (gcc -O3 -march=native -fopenmp) and calls
+ * it through ctypes. It replaces, for one row and one new token, the ~40 small torch ops of
+ * `specasr.cpu.scripted.int8_layer_step` (per layer) and the int8 head, whose fixed costs
+ * made up most of a draft step (docs/benchmarks.md). The maths is the draft's:
+ *
+ *   x = embed[token] + positions[pos]
+ *   per layer: x += out(self_attn(qkv(ln1(x))));  x += cross_out(cross_attn(cross_q(ln2(x))));
+ *              x += fc2(gelu(fc1(ln3(x))))
+ *   logits[N] = head(ln(x))
+ *
+ * Products are int8: weights per output row (scale sw[r]), the input vector quantised per
+ * call to int8 (scale sx), summed exactly in int32: y[r] = sx * sw[r] * sum_i xq[i] w[r][i] + b[r].
+ * That is lossy like fbgemm's dynamic product the torch path runs (rounding differs), which
+ * moves the draft's agreement with the target, never the transcript.
+ *
+ * The self-attention cache is the torch runner's own ([H, 448, dh] fp32 per layer, B = 1):
+ * this step writes the token's keys and values at `pos` and attends over 0 … pos. The cross
+ * K/V are the runner's ([H, S, dh], bf16 or fp32).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX512VNNI__)
+#include <immintrin.h>
+#endif
+
+#define MAX_LAYERS 8
+
+typedef struct {
+    const int8_t *w;      /* [out, in] */
+    const float *scale;   /* [out] */
+    const int32_t *rsum;  /* [out]: sum_i w[r][i], for the +128 shift of the VNNI path */
+    const float *bias;    /* [out] or NULL */
+    int out, in;
+} Lin;
+
+typedef struct {
+    const float *ln1w, *ln1b, *ln2w, *ln2b, *ln3w, *ln3b;
+    Lin qkv, out, cq, co, fc1, fc2;
+} Layer;
+
+typedef struct {
+    int d, heads, ffn, layers, ctx, threads;
+    float eps;
+    const float *embed, *pos;  /* [V, d], [ctx, d] */
+    const float *lnw, *lnb;
+    Layer layer[MAX_LAYERS];
+    Lin head;
+} Model;
+
+typedef struct {
+    float *K[MAX_LAYERS], *V[MAX_LAYERS];    /* [H, ctx, dh] fp32 */
+    const void *ck[MAX_LAYERS], *cv[MAX_LAYERS]; /* [H, S, dh] */
+    int S, bf16;
+} State;
+
+/* ---- building blocks ------------------------------------------------------------------ */
+static void layer_norm(const float *x, const float *w, const float *b, float eps, int d, float *y) {
+    float mean = 0.f, var = 0.f;
+    for (int i = 0; i < d; i++) mean += x[i];
+    mean /= d;
+    for (int i = 0; i < d; i++) {
+        float t = x[i] - mean;
+        var += t * t;
+    }
+    float inv = 1.f / sqrtf(var / d + eps);
+    for (int i = 0; i < d; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+/* x [n] -> xq [n] int8 (|xq| <= 127) and its scale; the VNNI path also needs x + 128 as uint8 */
+static float quantize(const float *x, int n, int8_t *xq) {
+    float m = 0.f;
+    for (int i = 0; i < n; i++) { float t = x[i] < 0.f ? -x[i] : x[i]; m = t > m ? t : m; }
+    float s = m > 0.f ? m / 127.f : 1.f, inv = 1.f / s;
+    for (int i = 0; i < n; i++) xq[i] = (int8_t)lrintf(x[i] * inv);
+    return s;
+}
+
+static inline int32_t dot_i8(const uint8_t *xu, const int8_t *xq, const int8_t *w, int n, int32_t rsum) {
+#ifdef __AVX512VNNI__
+    (void)xq;
+    __m512i acc = _mm512_setzero_si512();
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
+        acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512((const void *)(xu + i)),
+                                  _mm512_loadu_si512((const void *)(w + i)));
+    int32_t s = _mm512_reduce_add_epi32(acc);
+    for (; i < n; i++) s += (int32_t)xu[i] * w[i];
+    return s - 128 * rsum;  /* xu = xq + 128 */
+#else
+    (void)xu;
+    (void)rsum;
+    int32_t s = 0;
+    for (int i = 0; i < n; i++) s += (int32_t)xq[i] * (int32_t)w[i];
+    return s;
+#endif
+}
+
+/* y [out] = x [in] · Wᵀ (+ b), int8 */
+static void linear(const Lin *L, const float *x, float *y, int8_t *xq, uint8_t *xu, int threads) {
+    float sx = quantize(x, L->in, xq);
+    for (int i = 0; i < L->in; i++) xu[i] = (uint8_t)(xq[i] + 128);
+#pragma omp parallel for schedule(static) num_threads(threads) if (L->out >= 1024)
+    for (int r = 0; r < L->out; r++) {
+        float v = (float)dot_i8(xu, xq, L->w + (size_t)r * L->in, L->in, L->rsum[r]) * sx * L->scale[r];
+        y[r] = L->bias ? v + L->bias[r] : v;
+    }
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#ifdef __AVX512F__
+/* 16 keys' or values' elements at t (bf16 or fp32) as fp32 */
+static inline __m512 load16(const void *t, size_t at, int bf16) {
+    if (bf16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)t + at));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)t + at);
+}
+#endif
+
+/* one query q [dh] against n keys/values [n, dh] (fp32 or bf16) -> y [dh]; p: scratch [n] */
+static void attend(const float *q, const void *K, const void *V, int n, int dh, int bf16, float *p, float *y) {
+    float m = -INFINITY;
+#ifdef __AVX512F__
+    if (dh % 16 == 0 && dh <= 128) {
+        __m512 qv[8], acc[8];
+        int c = dh / 16;
+        for (int i = 0; i < c; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
+        for (int j = 0; j < n; j++) {
+            __m512 s = _mm512_mul_ps(qv[0], load16(K, (size_t)j * dh, bf16));
+            for (int i = 1; i < c; i++) s = _mm512_fmadd_ps(qv[i], load16(K, (size_t)j * dh + 16 * i, bf16), s);
+            p[j] = _mm512_reduce_add_ps(s);
+            m = p[j] > m ? p[j] : m;
+        }
+        float z = 0.f;
+        for (int j = 0; j < n; j++) z += (p[j] = expf(p[j] - m));
+        for (int i = 0; i < c; i++) acc[i] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            __m512 w = _mm512_set1_ps(p[j]);
+            for (int i = 0; i < c; i++) acc[i] = _mm512_fmadd_ps(w, load16(V, (size_t)j * dh + 16 * i, bf16), acc[i]);
+        }
+        __m512 inv = _mm512_set1_ps(1.f / z);
+        for (int i = 0; i < c; i++) _mm512_storeu_ps(y + 16 * i, _mm512_mul_ps(acc[i], inv));
+        return;
+    }
+#endif
+    for (int j = 0; j < n; j++) {
+        float s = 0.f;
+        if (bf16) {
+            const uint16_t *k = (const uint16_t *)K + (size_t)j * dh;
+            for (int i = 0; i < dh; i++) s += q[i] * bf16_to_f32(k[i]);
+        } else {
+            const float *k = (const float *)K + (size_t)j * dh;
+            for (int i = 0; i < dh; i++) s += q[i] * k[i];
+        }
+        p[j] = s;
+        m = s > m ? s : m;
+    }
+    float z = 0.f;
+    for (int j = 0; j < n; j++) z += (p[j] = expf(p[j] - m));
+    for (int i = 0; i < dh; i++) y[i] = 0.f;
+    for (int j = 0; j < n; j++) {
+        float w = p[j] / z;
+        if (bf16) {
+            const uint16_t *v = (const uint16_t *)V + (size_t)j * dh;
+            for (int i = 0; i < dh; i++) y[i] += w * bf16_to_f32(v[i]);
+        } else {
+            const float *v = (const float *)V + (size_t)j * dh;
+            for (int i = 0; i < dh; i++) y[i] += w * v[i];
+        }
+    }
+}
+
+static inline float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+
+/* ---- the step ------------------------------------------------------------------------- */
+void *draft_model(const int32_t *dims, const float *eps, void **ptrs) {
+    /* dims: d, heads, ffn, layers, ctx, threads; ptrs: embed, pos, lnw, lnb, head (w, scale,
+     * rsum, bias, out, in as 4 pointers + the dims from its shape), then per layer the 6 norms'
+     * 6 tensors and 6 products (w, scale, rsum, bias each). Shapes come from d, ffn and the
+     * head's out (dims[6]). */
+    if (dims[3] > MAX_LAYERS) return NULL;
+    Model *m = (Model *)calloc(1, sizeof(Model));
+    if (!m) return NULL;
+    m->d = dims[0], m->heads = dims[1], m->ffn = dims[2], m->layers = dims[3], m->ctx = dims[4];
+    m->threads = dims[5], m->eps = *eps;
+    int k = 0, d = m->d;
+    m->embed = ptrs[k++], m->pos = ptrs[k++], m->lnw = ptrs[k++], m->lnb = ptrs[k++];
+#define LIN(L, o, i)                                                                          \
+    do {                                                                                      \
+        (L).w = ptrs[k++], (L).scale = ptrs[k++], (L).rsum = ptrs[k++], (L).bias = ptrs[k++]; \
+        (L).out = (o), (L).in = (i);                                                          \
+    } while (0)
+    LIN(m->head, dims[6], d);
+    for (int l = 0; l < m->layers; l++) {
+        Layer *y = &m->layer[l];
+        y->ln1w = ptrs[k++], y->ln1b = ptrs[k++], y->ln2w = ptrs[k++], y->ln2b = ptrs[k++];
+        y->ln3w = ptrs[k++], y->ln3b = ptrs[k++];
+        LIN(y->qkv, 3 * d, d);
+        LIN(y->out, d, d);
+        LIN(y->cq, d, d);
+        LIN(y->co, d, d);
+        LIN(y->fc1, m->ffn, d);
+        LIN(y->fc2, d, m->ffn);
+    }
+#undef LIN
+    return m;
+}
+
+void draft_free(void *p) { free(p); }
+
+void *draft_state(const void *model, int S, int bf16, void **ptrs) {
+    /* ptrs: per layer K, V (self cache), cross K, cross V */
+    const Model *m = (const Model *)model;
+    State *s = (State *)calloc(1, sizeof(State));
+    if (!s) return NULL;
+    s->S = S, s->bf16 = bf16;
+    for (int l = 0, k = 0; l < m->layers; l++) {
+        s->K[l] = ptrs[k++], s->V[l] = ptrs[k++];
+        s->ck[l] = ptrs[k++], s->cv[l] = ptrs[k++];
+    }
+    return s;
+}
+
+/* token at position pos (pos < ctx) -> logits [head.out] (unless logits is NULL); 0 on success */
+int draft_step(const void *model, const void *state, int token, int pos, float *logits) {
+    const Model *m = (const Model *)model;
+    const State *st = (const State *)state;
+    int d = m->d, H = m->heads, dh = d / H, F = m->ffn, ctx = m->ctx;
+    if (pos < 0 || pos >= ctx) return 1;
+    int big = F > 3 * d ? F : 3 * d;
+    int n_att = st->S > ctx ? st->S : ctx;
+    float *buf = (float *)malloc(sizeof(float) * (size_t)(3 * d + 2 * big + n_att));
+    int8_t *xq = (int8_t *)malloc((size_t)big);
+    uint8_t *xu = (uint8_t *)malloc((size_t)big);
+    if (!buf || !xq || !xu) {
+        free(buf), free(xq), free(xu);
+        return 2;
+    }
+    float *x = buf, *h = x + d, *a = h + d, *y = a + d, *z = y + big, *p = z + big;
+    const float *e = m->embed + (size_t)token * d, *ps = m->pos + (size_t)pos * d;
+    for (int i = 0; i < d; i++) x[i] = e[i] + ps[i];
+    float scale = 1.f / sqrtf((float)dh);
+    for (int l = 0; l < m->layers; l++) {
+        const Layer *L = &m->layer[l];
+        /* self-attention: q, k, v = qkv(ln1(x)); write k, v at pos; attend over 0 … pos */
+        layer_norm(x, L->ln1w, L->ln1b, m->eps, d, h);
+        linear(&L->qkv, h, y, xq, xu, m->threads);
+        for (int hd = 0; hd < H; hd++) {
+            float *K = st->K[l] + ((size_t)hd * ctx + pos) * dh, *V = st->V[l] + ((size_t)hd * ctx + pos) * dh;
+            memcpy(K, y + d + hd * dh, sizeof(float) * dh);
+            memcpy(V, y + 2 * d + hd * dh, sizeof(float) * dh);
+        }
+        for (int i = 0; i < d; i++) y[i] *= scale;
+        for (int hd = 0; hd < H; hd++)
+            attend(y + hd * dh, st->K[l] + (size_t)hd * ctx * dh, st->V[l] + (size_t)hd * ctx * dh, pos + 1, dh, 0,
+                   p, a + hd * dh);
+        linear(&L->out, a, h, xq, xu, m->threads);
+        for (int i = 0; i < d; i++) x[i] += h[i];
+        /* cross-attention over the S pooled frames */
+        layer_norm(x, L->ln2w, L->ln2b, m->eps, d, h);
+        linear(&L->cq, h, y, xq, xu, m->threads);
+        for (int i = 0; i < d; i++) y[i] *= scale;
+        size_t es = st->bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) num_threads(m->threads)
+        for (int hd = 0; hd < H; hd++) {
+            float *pp = (float *)malloc(sizeof(float) * (size_t)st->S);
+            if (pp) {
+                attend(y + hd * dh, (const char *)st->ck[l] + (size_t)hd * st->S * dh * es,
+                       (const char *)st->cv[l] + (size_t)hd * st->S * dh * es, st->S, dh, st->bf16, pp, a + hd * dh);
+                free(pp);
+            }
+        }
+        linear(&L->co, a, h, xq, xu, m->threads);
+        for (int i = 0; i < d; i++) x[i] += h[i];
+        /* MLP */
+        layer_norm(x, L->ln3w, L->ln3b, m->eps, d, h);
+        linear(&L->fc1, h, z, xq, xu, m->threads);
+        for (int i = 0; i < F; i++) z[i] = gelu(z[i]);
+        linear(&L->fc2, z, h, xq, xu, m->threads);
+        for (int i = 0; i < d; i++) x[i] += h[i];
+    }
+    if (logits) {  /* NULL: a token whose keys and values alone are wanted (not the last fed) */
+        layer_norm(x, m->lnw, m->lnb, m->eps, d, h);
+        linear(&m->head, h, logits, xq, xu, m->threads);
+    }
+    free(buf), free(xq), free(xu);
+    return 0;
+}

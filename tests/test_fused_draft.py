@@ -1,0 +1,131 @@
+"""The distilled draft's fused one-token step (`specasr.cpu.fused`, `draft_step.c`) on the
+packaged draft and base: it computes the torch int8 path's function (the same proposals
+almost always, logits within int8 rounding), shares the runner's cache with that path, and
+stays out of the way where it cannot run."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from specasr.cpu import fused
+from specasr.cpu.linear import int8_available
+from specasr.decode.loop import decode
+from specasr.decode.runners import make_runner
+from specasr.options import DecodeOptions
+
+pytestmark = pytest.mark.skipif(
+    not int8_available() or fused.library() is None, reason="needs fbgemm and a C compiler"
+)
+
+
+@pytest.fixture(scope="module")
+def draft(base_pair):
+    from specasr.models.draft import load_draft
+    from specasr.models.loading import packaged_draft
+
+    d = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    return d.quantize_int8()
+
+
+@pytest.fixture(scope="module")
+def window(base_pair, librivox, librivox_mels):
+    """A real window: encoder states [1, 1500, d] and the target's own greedy tokens."""
+    mel = librivox_mels[librivox[0].id]
+    states, _ = base_pair.encode(mel)
+    result = decode(base_pair, mel, DecodeOptions(mode="autoregressive"))[0]
+    return states, result.tokens
+
+
+def _runners(base_pair, draft, states):
+    target = make_runner(base_pair.target, states)
+    return make_runner(draft, states, target), make_runner(draft, states, target)
+
+
+def _prompt(base_pair) -> list[int]:
+    return base_pair.tokenizer.sot_sequence("en")  # sot, en, transcribe, no timestamps
+
+
+def test_the_fused_step_proposes_what_the_torch_path_proposes(base_pair, draft, window):
+    states, tokens = window
+    assert draft.fused is not None
+    fast, slow = _runners(base_pair, draft, states)
+    slow._fused = None  # the torch int8 path throughout
+    assert fast._fused is not None
+    prompt = torch.tensor([_prompt(base_pair)])
+    a, b = fast(prompt, 1, reduced=True), slow(prompt, 1, reduced=True)  # 4 tokens: fused too
+    agree, n = 0, 0
+    for tok in tokens:
+        x = torch.tensor([[tok]])
+        a, b = fast(x, 1, reduced=True), slow(x, 1, reduced=True)  # [1, 1, N]
+        assert a.shape == b.shape == (1, 1, len(draft.vocab_ids))
+        corr = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert corr > 0.99, (n, float(corr))
+        agree += int(a.argmax() == b.argmax())
+        n += 1
+    assert n >= 20 and agree / n >= 0.95, (agree, n)
+    assert fast.lengths == slow.lengths == [len(tokens) + 4]
+    # the keys and values each path wrote for every position: the same within int8 rounding
+    for K, L in zip(fast.k + fast.v, slow.k + slow.v):
+        p = fast.lengths[0]
+        err = (K[:, :, :p] - L[:, :, :p]).abs().max() / L[:, :, :p].abs().max()
+        assert err < 0.05, float(err)
+
+
+def test_fed_tokens_and_torch_passes_share_one_cache(base_pair, draft, window):
+    states, tokens = window
+    one, two = _runners(base_pair, draft, states)
+    prompt = torch.tensor([_prompt(base_pair) + tokens[:8]])  # 12 tokens: a torch pass
+    one(prompt, 1, reduced=True), two(prompt, 1, reduced=True)
+    for tok in tokens[8:10]:  # one call per token …
+        x = one(torch.tensor([[tok]]), 1, reduced=True)
+    y = two(torch.tensor([tokens[8:10]]), 1, reduced=True)  # … or two tokens in one feed: the same calls
+    assert torch.equal(x, y)
+    # a torch pass over 6 more tokens reads the keys and values the fused steps wrote
+    x = one(torch.tensor([tokens[10:16]]), 1, reduced=True)
+    three = make_runner(draft, states, make_runner(base_pair.target, states))
+    three._fused = None
+    three(prompt, 1, reduced=True)
+    y = three(torch.tensor([tokens[8:16]]), 1, reduced=True)  # positions 12 … 19 by torch alone
+    assert one.lengths == three.lengths == [20]
+    for K, L in zip(one.k + one.v, three.k + three.v):
+        err = (K[:, :, 12:14] - L[:, :, 12:14]).abs().max() / L[:, :, 12:14].abs().max()
+        assert err < 0.15, float(err)  # int8 rounding through two layers; unwritten keys: 1
+    assert torch.corrcoef(torch.stack([x.flatten(), y.flatten()]))[0, 1] > 0.99
+    assert x.argmax() == y.argmax()
+
+
+def test_one_row_only_and_never_past_the_context(base_pair, draft, window):
+    states, tokens = window
+    batch = make_runner(draft, states.expand(2, -1, -1).contiguous())
+    assert batch._fused is None  # B = 2: the torch path
+    single = make_runner(draft, states)
+    assert single._fused is not None
+    single.keep([0])
+    assert single._fused is None  # its tensors were replaced
+    state = make_runner(draft, states)._fused
+    with pytest.raises(RuntimeError, match="position 448"):
+        state.step([tokens[0]], 448)
+
+
+def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_path, draft):
+    monkeypatch.setenv("SPECASR_FUSED_DRAFT", "0")
+    assert fused.FusedDraft.of(draft) is None
+    monkeypatch.delenv("SPECASR_FUSED_DRAFT")
+    monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
+    build = fused.library.__wrapped__  # uncached: a fresh look for a compiler
+    monkeypatch.setattr(fused.shutil, "which", lambda name: None)
+    assert build() is None
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert build() is None
+    assert any("did not compile" in str(w.message) for w in caught)
+    assert not list((tmp_path / "fused").glob("*.so"))  # nothing half-written is left
+    monkeypatch.delenv("CC")
+    lib = build()  # and the real compiler builds it into this cache
+    assert lib is not None and len(list((tmp_path / "fused").glob("*.so"))) == 1

@@ -126,6 +126,11 @@ def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_pat
         assert build() is None
     assert any("did not compile" in str(w.message) for w in caught)
     assert not list((tmp_path / "fused").glob("*.so"))  # nothing half-written is left
-    monkeypatch.delenv("CC")
+    assert len(list((tmp_path / "fused").glob("*.failed"))) == 1  # the compiler's message, kept
+    calls = []
+    monkeypatch.setattr(fused.subprocess, "run", lambda *a, **k: calls.append(a))
+    assert build() is None and calls == []  # a failed build is not tried again
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
     lib = build()  # and the real compiler builds it into this cache
     assert lib is not None and len(list((tmp_path / "fused").glob("*.so"))) == 1

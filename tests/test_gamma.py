@@ -10,6 +10,7 @@ from specasr.decode.gamma import (
     CPU_BATCH_COSTS,
     CPU_BATCH_COSTS_INT8,
     CPU_COST,
+    CPU_COST_INT8,
     AdaptiveGamma,
     AnalyticGamma,
     BackoffGamma,
@@ -184,6 +185,30 @@ def test_an_int8_target_is_judged_by_its_own_flatter_batch_curves():
     assert run(True, good)[-1] > run(False, good)[-1] >= 1
     poor = [1, 0, 1, 1, 0, 1, 1, 1]  # about 0.5 per token at γ 1–3
     assert 0 not in run(True, poor) and 0 in run(False, poor)
+
+
+def test_one_row_of_an_int8_target_is_judged_by_its_own_curve():
+    """`CPU_COST_INT8`: one row of an int8 target with the fused draft step. Its break-even α
+    is far lower than the fp32 curve's, so a hard stretch of a trained language (a run of
+    passes that accept none or one token of 7, about 0.4 per token) keeps speculating,
+    where the fp32 curve falls back to target-only steps. A draft that almost never agrees
+    still falls back under both."""
+    assert list(CPU_COST_INT8.verify) == list(range(1, 9))
+    assert all(CPU_COST_INT8.verify[k] <= CPU_COST_INT8.verify[k + 1] for k in range(1, 8))
+    assert 0.1 < CPU_COST_INT8.break_even() < 0.3 < CPU_COST.break_even()
+    assert make_policy("auto", 7, 16, "cpu", int8_target=True).cost is CPU_COST_INT8
+    assert make_policy("auto", 7, 16, "cpu").cost is CPU_COST
+    assert make_policy("backoff", 7, 16, "cuda", int8_target=True).cost is CPU_COST  # CPU figures only
+    stored = SpeculationCost(0.3, {1: 1.0, 2: 1.5})  # a draft file's own curve still wins
+    assert make_policy("auto", 7, 16, "cpu", stored, int8_target=True).cost is stored
+
+    hard = [1, 0, 1, 1, 0, 1] * 10  # accepted of 7: 0.4 per token (accepted ÷ judged)
+    for cost, falls_back in ((CPU_COST_INT8, False), (CPU_COST, True)):
+        draws = iter(hard)
+        trace = _trace(BackoffGamma(FixedGamma(7), cost), lambda g, d=draws: min(g, next(d)), 60)
+        assert (0 in trace) == falls_back, cost
+    for cost in (CPU_COST_INT8, CPU_COST):
+        assert 0 in _trace(BackoffGamma(FixedGamma(7), cost), lambda g: 0, 30)
 
 
 def test_the_loop_asks_for_the_int8_curves_for_an_int8_target(monkeypatch):

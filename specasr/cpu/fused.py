@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from specasr.cpu.linear import _quantize_rows
-from specasr.models.cache import default_cache_root
+from specasr.models.cache import default_cache_root, store
 
 SOURCE = "draft_step.c"
 MAX_THREADS = 8
@@ -45,6 +45,30 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPI
 
 def enabled() -> bool:
     return os.environ.get("SPECASR_FUSED_DRAFT", "1") != "0"
+
+
+def _build(cc: str, source: bytes, path: Path, failed: Path) -> bool:
+    """Compiles `source` into `path` whole (built beside it, then renamed); False if it fails."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            src, out = Path(tmp) / SOURCE, Path(tmp) / "draft_step.so"
+            src.write_bytes(source)
+            done = subprocess.run(
+                [cc, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, timeout=120
+            )
+            if done.returncode != 0:
+                message = done.stderr.decode(errors="replace")[-2000:]
+                store(failed, message.encode())
+                warnings.warn(
+                    f"the fused draft step did not compile (torch path instead): {message[-400:]}",
+                    stacklevel=3,
+                )
+                return False
+            os.replace(out, path)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
 
 
 def _cpu_key() -> str:
@@ -60,33 +84,23 @@ def _cpu_key() -> str:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled step, built once per source, compiler and CPU (cached under
-    `default_cache_root()/fused`), or None where there is no C compiler or it fails."""
+    `default_cache_root()/fused`), or None where there is no C compiler or it fails. A
+    failed build warns once and leaves a `.failed` note with the compiler's message, so
+    later processes do not try again (delete it, or install another compiler, to retry)."""
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         return None
     source = files("specasr.cpu").joinpath(SOURCE).read_bytes()
-    # no compiler version in the key: asking costs every process a subprocess, and a library
-    # built by an older compiler still runs
-    key = hashlib.sha256(b"\0".join([source, _cpu_key().encode(), " ".join(FLAGS).encode()])).hexdigest()[:16]
+    # the compiler's path but not its version: asking costs every process a subprocess, and
+    # a library built by an older compiler still runs
+    parts = [source, cc.encode(), _cpu_key().encode(), " ".join(FLAGS).encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     path = default_cache_root() / "fused" / f"draft_step-{key}.so"
-    if not path.exists():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                src = Path(tmp) / SOURCE
-                src.write_bytes(source)
-                out = Path(tmp) / "draft_step.so"
-                done = subprocess.run(
-                    [cc, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, timeout=120
-                )
-                if done.returncode != 0:
-                    warnings.warn(
-                        f"the fused draft step did not compile: {done.stderr.decode()[-400:]}", stacklevel=2
-                    )
-                    return None
-                os.replace(out, path)  # whole or not at all
-        except (OSError, subprocess.SubprocessError):
-            return None
+    failed = path.with_suffix(".failed")
+    if failed.exists():
+        return None
+    if not path.exists() and not _build(cc, source, path, failed):
+        return None
     try:
         lib = ctypes.CDLL(str(path))
     except OSError:

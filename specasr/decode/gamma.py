@@ -87,6 +87,17 @@ class SpeculationCost:
 # carry its own (`cost_c`, `cost_verify` metadata); the figures are CPU ones, for CPU policies.
 CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 
+# The same for one row of an int8 target (compute type int8 or int8_bfloat16) with the
+# packaged draft's fused C step (`specasr.cpu.fused`): its passes over k tokens cost little
+# more than one step, and the draft step about a seventh of one. `python -m
+# specasr.research.speedup --compute-type int8 --repeats 15` on the 2-core Xeon (session 29:
+# fixture c 0.146, held-out 0.140; the larger v(k) of the two runs, raised to be monotone);
+# break-even α ≈ 0.2. Judged by `CPU_COST` instead, held-out English fell back to target-only
+# steps 38 times in 198 passes: decoder phase 1.78× against 1.94× with this curve.
+CPU_COST_INT8 = SpeculationCost(
+    0.146, {1: 1.0, 2: 1.05, 3: 1.08, 4: 1.08, 5: 1.15, 6: 1.20, 7: 1.23, 8: 1.31}
+)
+
 # A batch of B windows on a CPU (the chunked strategy): a pass over B rows × k tokens, relative
 # to a one-token step of the same B rows, grows faster with k than at B = 1 (B·k token rows of
 # products and of the vocabulary-wide head), and the draft's step reads B rows of cross K/V, so
@@ -355,14 +366,16 @@ def make_policy(
     where a pass over 2–20 tokens costs about one step. `backoff` is fixed with backoff on
     any device. Fixed, adaptive and backoff are deterministic, so seeded sampling repeats
     exactly; analytic is not (its γ follows measured times). cost: the stored cost curve
-    for backoff at one row (default `CPU_COST`; on a CPU batches use `CPU_BATCH_COSTS`, or
-    `CPU_BATCH_COSTS_INT8` for an int8 target: `int8_target`); untrained: the draft never saw
+    for backoff at one row (default `CPU_COST`, or `CPU_COST_INT8` for an int8 target on a
+    CPU; on a CPU batches use `CPU_BATCH_COSTS`, or `CPU_BATCH_COSTS_INT8` for an int8
+    target: `int8_target`); untrained: the draft never saw
     the decode's language (backoff starts target-only)."""
     if name == "auto":
         name = "backoff" if device == "cpu" else "adaptive"
     if name == "backoff":
         batch = cpu_batch_costs(int8_target) if device == "cpu" else {}
-        return BackoffGamma(FixedGamma(gamma), cost or CPU_COST, batch, untrained=untrained)
+        single = cost or (CPU_COST_INT8 if int8_target and device == "cpu" else CPU_COST)
+        return BackoffGamma(FixedGamma(gamma), single, batch, untrained=untrained)
     if name == "fixed":
         return FixedGamma(gamma)
     if name == "adaptive":

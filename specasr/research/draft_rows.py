@@ -10,7 +10,9 @@ confidence stop read [B, N], and the verifier gets full rows once per pass
 reduced path with the full-row path (`DistilledDraft.reduce_rows = False`) over `--repeats`
 rounds after a warm-up. It prints the median decoder phase of each, the median of the paired
 ratios (full ÷ reduced, run i of each back to back), and whether both paths made the same
-passes: at T = 0 they propose, stop and accept the same tokens.
+passes: at T = 0 they propose, stop and accept the same tokens. Both arms run the draft's
+torch path: its fused one-token step (`specasr.cpu.fused`) serves reduced rows only and
+rounds differently, so it is off here.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def run_rounds(pair, samples, repeats: int) -> tuple[dict, bool]:
 
     times: dict[tuple[str, str], list[float]] = {}
     seen: dict[str, set] = {}
+    fused, pair.draft.fused = getattr(pair.draft, "fused", None), None  # both arms on the torch path
     try:
         for rnd in range(repeats + 1):  # round 0 warms up
             for config, opts in configurations().items():
@@ -52,6 +55,7 @@ def run_rounds(pair, samples, repeats: int) -> tuple[dict, bool]:
                         times.setdefault((config, path), []).append(st.decoder_s)
     finally:
         pair.draft.reduce_rows = True
+        pair.draft.fused = fused
     return times, all(len(v) == 1 for v in seen.values())
 
 

@@ -16,9 +16,13 @@ from specasr.decode.loop import decode
 from specasr.decode.runners import make_runner
 from specasr.options import DecodeOptions
 
-pytestmark = pytest.mark.skipif(
-    not int8_available() or fused.library() is None, reason="needs fbgemm and a C compiler"
-)
+# fbgemm's int8 products are the torch path it stands in for; a C compiler is a test
+# requirement (the README's test command installs gcc), so its absence fails here
+pytestmark = pytest.mark.skipif(not int8_available(), reason="needs fbgemm (x86-64 torch)")
+
+
+def test_the_library_builds_here():
+    assert fused.library() is not None, "no C compiler, or draft_step.c did not compile"
 
 
 @pytest.fixture(scope="module")

@@ -110,8 +110,10 @@ def test_one_row_only_and_never_past_the_context(base_pair, draft, window):
     single.keep([0])
     assert single._fused is None  # its tensors were replaced
     state = make_runner(draft, states)._fused
-    with pytest.raises(RuntimeError, match="position 448"):
+    with pytest.raises(RuntimeError, match="position out of range.*position 448"):
         state.step([tokens[0]], 448)
+    with pytest.raises(RuntimeError, match="token out of range"):
+        state.step([51865], 3)  # one past base's vocabulary
 
 
 def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_path, draft):

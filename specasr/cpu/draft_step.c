@@ -43,7 +43,7 @@ typedef struct {
 } Layer;
 
 typedef struct {
-    int d, heads, ffn, layers, ctx, threads;
+    int d, heads, ffn, layers, ctx, threads, vocab;  /* vocab: rows of embed */
     float eps;
     const float *embed, *pos;  /* [V, d], [ctx, d] */
     const float *lnw, *lnb;
@@ -185,7 +185,7 @@ static inline float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678
 
 /* ---- the step ------------------------------------------------------------------------- */
 void *draft_model(const int32_t *dims, const float *eps, void **ptrs) {
-    /* dims: d, heads, ffn, layers, ctx, threads; ptrs: embed, pos, lnw, lnb, head (w, scale,
+    /* dims: d, heads, ffn, layers, ctx, threads, head rows, embed rows; ptrs: embed, pos, lnw, lnb, head (w, scale,
      * rsum, bias, out, in as 4 pointers + the dims from its shape), then per layer the 6 norms'
      * 6 tensors and 6 products (w, scale, rsum, bias each). Shapes come from d, ffn and the
      * head's out (dims[6]). */
@@ -193,7 +193,7 @@ void *draft_model(const int32_t *dims, const float *eps, void **ptrs) {
     Model *m = (Model *)calloc(1, sizeof(Model));
     if (!m) return NULL;
     m->d = dims[0], m->heads = dims[1], m->ffn = dims[2], m->layers = dims[3], m->ctx = dims[4];
-    m->threads = dims[5], m->eps = *eps;
+    m->threads = dims[5], m->vocab = dims[7], m->eps = *eps;
     int k = 0, d = m->d;
     m->embed = ptrs[k++], m->pos = ptrs[k++], m->lnw = ptrs[k++], m->lnb = ptrs[k++];
 #define LIN(L, o, i)                                                                          \
@@ -232,12 +232,14 @@ void *draft_state(const void *model, int S, int bf16, void **ptrs) {
     return s;
 }
 
-/* token at position pos (pos < ctx) -> logits [head.out] (unless logits is NULL); 0 on success */
+/* token at position pos (pos < ctx) -> logits [head.out] (unless logits is NULL); 0 on success,
+ * 1: pos out of range, 2: no memory, 3: token out of range */
 int draft_step(const void *model, const void *state, int token, int pos, float *logits) {
     const Model *m = (const Model *)model;
     const State *st = (const State *)state;
     int d = m->d, H = m->heads, dh = d / H, F = m->ffn, ctx = m->ctx;
     if (pos < 0 || pos >= ctx) return 1;
+    if (token < 0 || token >= m->vocab) return 3;
     int big = F > 3 * d ? F : 3 * d;
     int n_att = st->S > ctx ? st->S : ctx;
     float *buf = (float *)malloc(sizeof(float) * (size_t)(3 * d + 2 * big + n_att));

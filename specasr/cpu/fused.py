@@ -167,8 +167,16 @@ class FusedDraft:
         # OpenMP threads per product (torch's own runtime: the library links the libgomp torch
         # loaded); capped, as a one-token product is a few hundred µs of memory reads
         self.threads = threads or min(torch.get_num_threads(), MAX_THREADS)
-        dims = (ctypes.c_int32 * 7)(
-            draft.d_model, draft.heads, draft.ffn, len(draft.layers), self.ctx, self.threads, self.vocab
+        embed_rows = shared["embed"].shape[0]
+        dims = (ctypes.c_int32 * 8)(
+            draft.d_model,
+            draft.heads,
+            draft.ffn,
+            len(draft.layers),
+            self.ctx,
+            self.threads,
+            self.vocab,
+            embed_rows,
         )
         self._dims = dims
         self._ptr_array = (ctypes.c_void_p * len(ptrs))(*ptrs)
@@ -237,5 +245,8 @@ class FusedState:
             last = i == len(tokens) - 1
             code = self._step(self._model, self.handle, token, pos + i, out.data_ptr() if last else None)
             if code:
-                raise RuntimeError(f"fused draft step failed ({code}) at position {pos + i}")
+                why = {1: "position out of range", 2: "out of memory", 3: "token out of range"}.get(
+                    code, code
+                )
+                raise RuntimeError(f"fused draft step failed ({why}) at position {pos + i}, token {token}")
         return out

@@ -140,3 +140,22 @@ def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_pat
     monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
     lib = build()  # and the real compiler builds it into this cache
     assert lib is not None and len(list((tmp_path / "fused").glob("*.so"))) == 1
+
+
+def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair, draft):
+    """The fused step reads the rows fbgemm was packed from (`Int8Linear.kept_of`), and no
+    `Int8Linear` keeps them afterwards; without the fused step nothing extra is held."""
+    from specasr.cpu.linear import Int8Linear, _quantize_rows
+    from specasr.models.draft import load_draft
+    from specasr.models.loading import packaged_draft
+
+    assert all(m.kept is None for m in draft.modules() if isinstance(m, Int8Linear))
+    fc1 = draft.layers[0].fc1
+    raw = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    q, _ = _quantize_rows(raw.layers[0].fc1.weight, 127)
+    assert any(torch.equal(t.w, q) for t in draft.fused.keep if isinstance(t, fused._Int8))
+    with pytest.raises(ValueError, match="keep=True"):
+        fused._Int8(fc1)  # its rows were handed over
+    plain = raw.quantize_int8(fused=False)
+    assert plain.fused is None and make_runner(plain, torch.zeros(1, 1500, 512))._fused is None
+    assert all(m.kept is None for m in plain.modules() if isinstance(m, Int8Linear))

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specasr.cpu.linear import _quantize_rows
+from specasr.cpu.linear import Int8Linear
 from specasr.models.cache import default_cache_root, store
 
 SOURCE = "draft_step.c"
@@ -117,23 +117,26 @@ def library() -> ctypes.CDLL | None:
 
 class _Int8:
     """One product's tensors as the library reads them: W [out, in] int8, per-row scales and
-    row sums, and the bias (or None)."""
+    row sums, and the bias (or None), from an `Int8Linear` that kept its int8 rows."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
-        q, scale = _quantize_rows(weight, 127)
+    def __init__(self, linear: Int8Linear) -> None:
+        if linear.kept is None or linear.per_row:
+            raise ValueError("the fused step reads a draft's Int8Linear built with keep=True")
+        q, scale, bias = linear.kept
         self.w = q.contiguous()  # [out, in]
         self.scale = scale.float().contiguous()  # [out]
         self.rsum = q.sum(dim=1, dtype=torch.int32).contiguous()  # [out]
-        self.bias = None if bias is None else bias.detach().float().contiguous()  # [out]
+        self.bias = None if bias is None else bias.contiguous()  # [out] fp32
 
     def pointers(self) -> list[int]:
         return [t.data_ptr() if t is not None else 0 for t in (self.w, self.scale, self.rsum, self.bias)]
 
 
 class FusedDraft:
-    """A draft's weights in the library's layout and its model handle. Build it from the
-    draft's fp32 layers before they are quantised for fbgemm (`DistilledDraft.quantize_int8`),
-    with the q, k, v products fused (`models.layers.fuse_qkv`)."""
+    """A draft's weights in the library's layout and its model handle. Build it after
+    `DistilledDraft.quantize_int8` has made its products and head `Int8Linear`s that kept
+    their int8 rows (`Int8Linear.kept_of`; the q, k, v products fused by
+    `models.layers.fuse_qkv`): the library reads those rows, quantised once."""
 
     def __init__(self, draft, lib: ctypes.CDLL, threads: int | None = None) -> None:
         self.lib = lib
@@ -148,7 +151,7 @@ class FusedDraft:
 
         ptrs = [f32(shared["embed"]), f32(shared["positions"]), f32(draft.layer_norm.weight)]
         ptrs = [t.data_ptr() for t in ptrs] + [f32(draft.layer_norm.bias).data_ptr()]
-        products = [_Int8(shared["head"], None)]
+        products = [_Int8(draft._head_int8)]
         ptrs += products[0].pointers()
         eps = {draft.layer_norm.eps}
         for layer in draft.layers:
@@ -158,7 +161,7 @@ class FusedDraft:
                 eps.add(norm.eps)
             a, c = layer.self_attn, layer.encoder_attn
             for lin in (a.qkv_proj, a.out_proj, c.q_proj, c.out_proj, layer.fc1, layer.fc2):
-                products.append(_Int8(lin.weight, lin.bias))
+                products.append(_Int8(lin))
                 ptrs += products[-1].pointers()
         if len(eps) != 1:
             raise ValueError(f"the draft's layer norms differ in eps: {sorted(eps)}")

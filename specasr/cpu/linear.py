@@ -454,19 +454,31 @@ class Int8Linear(nn.Module):
     [..., out] float32. per_row False (drafts): x quantised per call; True (an int8 target):
     x quantised per row, batch-independent (see the module docstring)."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, per_row: bool = False) -> None:
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, per_row: bool = False, keep: bool = False
+    ) -> None:
+        """keep: also hold the int8 rows, their scales and the bias as `kept` (what a draft's
+        fused C step reads, `specasr.cpu.fused`), instead of quantising twice."""
         super().__init__()
         levels = 63 if per_row else 127  # per row: 7-bit weights, full-range activations
         b = None if bias is None else bias.detach().float().cpu()
+        q, scale = _quantize_rows(weight, levels)
         # per row, the bias is added after the row's scale is restored
-        self.packed = _prepack(*_quantize_rows(weight, levels), None if per_row else b)
+        self.packed = _prepack(q, scale, None if per_row else b)
         self.bias = b if per_row else None  # [out]
         self.per_row = per_row
         self.out_features = weight.shape[0]
+        # q [out, in] int8, scale [out] fp64, bias [out] fp32 or None
+        self.kept: tuple[Tensor, Tensor, Tensor | None] | None = (q, scale, b) if keep else None
 
     @classmethod
     def of(cls, linear: nn.Module) -> Int8Linear:
         return cls(linear.weight, linear.bias)
+
+    @classmethod
+    def kept_of(cls, linear: nn.Module) -> Int8Linear:
+        """`of`, keeping the int8 rows (`kept`)."""
+        return cls(linear.weight, linear.bias, keep=True)
 
     @classmethod
     def per_row_of(cls, linear: nn.Module) -> Int8Linear:

@@ -229,7 +229,8 @@ class DistilledDraft(nn.Module):
         bf16_cross: its runners keep the cross-attention K/V in bf16 (`cross_dtype`), which
         attention reads in bf16 with fp32 results: lossy like the int8 products, and a
         cheaper step where bf16 is native; None: where the CPU computes bf16 natively
-        (`specasr.cpu.bf16.available`), where it is emulated it would be slower."""
+        (`specasr.cpu.bf16.available`), where it is emulated it would be slower. fused: its
+        one-token steps run as one C call (`specasr.cpu.fused`) where a compiler is found."""
         from specasr.cpu import bf16
 
         if not self._shared:
@@ -239,12 +240,16 @@ class DistilledDraft(nn.Module):
         step = scripted("int8") if script else None
         for layer in self.layers:
             fuse_qkv(layer.self_attn, lambda fused: fused)  # quantised with the rest, below
-        self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
+        make = Int8Linear.kept_of if fused else Int8Linear.of  # the fused step reads the int8 rows too
         # fbgemm packs each matrix on one core (the head alone ~0.06 s): all of them at once
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-            head = pool.submit(Int8Linear, self._shared["head"], None)  # [N, d]
-            swap_linears(self.layers, Int8Linear.of, pool)
+            head = pool.submit(Int8Linear, self._shared["head"], None, keep=fused)  # [N, d]
+            swap_linears(self.layers, make, pool)
             self._head_int8 = head.result()
+        self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
+        for m in [self._head_int8, *self.layers.modules()]:
+            if isinstance(m, Int8Linear):
+                m.kept = None  # the fused step holds what it reads; without it, nothing is held
         del self._shared["head"]  # the fp32 copy goes
         self.cross_dtype = (
             torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32

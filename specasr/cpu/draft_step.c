@@ -241,7 +241,7 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
     if (pos < 0 || pos >= ctx) return 1;
     if (token < 0 || token >= m->vocab) return 3;
     int big = F > 3 * d ? F : 3 * d;
-    int n_att = st->S > ctx ? st->S : ctx;
+    int n_att = H * st->S > ctx ? H * st->S : ctx; /* scores: every head's over S frames, or the cache */
     float *buf = (float *)malloc(sizeof(float) * (size_t)(3 * d + 2 * big + n_att));
     int8_t *xq = (int8_t *)malloc((size_t)big);
     uint8_t *xu = (uint8_t *)malloc((size_t)big);
@@ -275,14 +275,10 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
         for (int i = 0; i < d; i++) y[i] *= scale;
         size_t es = st->bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) num_threads(m->threads)
-        for (int hd = 0; hd < H; hd++) {
-            float *pp = (float *)malloc(sizeof(float) * (size_t)st->S);
-            if (pp) {
-                attend(y + hd * dh, (const char *)st->ck[l] + (size_t)hd * st->S * dh * es,
-                       (const char *)st->cv[l] + (size_t)hd * st->S * dh * es, st->S, dh, st->bf16, pp, a + hd * dh);
-                free(pp);
-            }
-        }
+        for (int hd = 0; hd < H; hd++)  /* head hd's scores in p[hd·S …] */
+            attend(y + hd * dh, (const char *)st->ck[l] + (size_t)hd * st->S * dh * es,
+                   (const char *)st->cv[l] + (size_t)hd * st->S * dh * es, st->S, dh, st->bf16,
+                   p + (size_t)hd * st->S, a + hd * dh);
         linear(&L->co, a, h, xq, xu, m->threads);
         for (int i = 0; i < d; i++) x[i] += h[i];
         /* MLP */

@@ -181,10 +181,9 @@ class FusedDraft:
             self.vocab,
             embed_rows,
         )
-        self._dims = dims
-        self._ptr_array = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        self._eps = ctypes.c_float(eps.pop())
-        handle = lib.draft_model(ctypes.cast(dims, ctypes.c_void_p), ctypes.byref(self._eps), self._ptr_array)
+        array = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        eps_value = ctypes.c_float(eps.pop())  # the library copies dims, eps and the pointers
+        handle = lib.draft_model(ctypes.cast(dims, ctypes.c_void_p), ctypes.byref(eps_value), array)
         if not handle:
             raise ValueError(f"the fused step takes at most 8 layers, not {len(draft.layers)}")
         self.handle = ctypes.c_void_p(handle)

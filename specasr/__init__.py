@@ -48,7 +48,7 @@ if (
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from specasr.cpu.heap import collector_paused  # no torch
+    from specasr.backends.cpu.heap import collector_paused  # no torch
 
-    with collector_paused():  # the first name imports torch: see specasr.cpu.heap
+    with collector_paused():  # the first name imports torch: see specasr.backends.cpu.heap
         return getattr(importlib.import_module(_EXPORTS[name]), name)

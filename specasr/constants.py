@@ -28,3 +28,7 @@ def bf16_window(compute_type: str) -> bool:
     """Whether a resolved compute type runs the once-per-window products in bf16: the
     encoder's and the cross-attention K/V projections (bfloat16, int8_bfloat16)."""
     return compute_type.endswith("bfloat16")
+
+
+# a distilled draft file's optional metadata: its measured cost curve (`decode.gamma.SpeculationCost`)
+COST_KEYS = ("cost_c", "cost_verify")

@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specasr.decode.stats import DecodeStats
+from specasr.stats import DecodeStats
 
 if TYPE_CHECKING:
     from specasr.options import TranscribeOptions

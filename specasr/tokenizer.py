@@ -19,8 +19,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specasr.cache import default_cache_root, store
 from specasr.constants import SECONDS_PER_TIMESTAMP
-from specasr.models.cache import default_cache_root, store
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as _HFTokenizer

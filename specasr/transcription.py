@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from functools import partial
 
 from specasr.audio import AudioSource, load_audio
+from specasr.backends.cpu import heap
 from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
-from specasr.cpu import heap
 from specasr.decode.loop import decode
 from specasr.decode.task import detect_language
 from specasr.features import log_mel, log_mel_window

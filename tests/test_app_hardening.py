@@ -34,9 +34,9 @@ from specasr.apps.service import (
 
 from specasr.audio import AudioWarning
 from specasr.cli.app import TEMP_PREFIX, remove_stale_temp_dirs
-from specasr.decode.stats import DecodeStats
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 
 # ---------------------------------------------------------------- item 2: temp dirs and signals
 

@@ -1,4 +1,4 @@
-"""bf16 encoder products (`compute_type="bfloat16"` / `"int8_bfloat16"`, `specasr.cpu.bf16`):
+"""bf16 encoder products (`compute_type="bfloat16"` / `"int8_bfloat16"`, `specasr.backends.cpu.bf16`):
 close to fp32, refused where the CPU has no native bf16, and exact speculative decoding
 against the bf16 target. Machines without native bf16 run the same code emulated (slower),
 so the loader is told bf16 is available where a test needs it."""
@@ -13,9 +13,9 @@ import torch
 from tiny_pairs import random_tiny_pair
 from torch import nn
 
-from specasr.cpu import bf16
-from specasr.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_cross_kv, bf16_encoder
-from specasr.cpu.linear import int8_available
+from specasr.backends.cpu import bf16
+from specasr.backends.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_cross_kv, bf16_encoder
+from specasr.backends.cpu.linear import int8_available
 from specasr.models.loading import resolve_compute_type
 
 

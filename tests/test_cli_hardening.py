@@ -38,8 +38,8 @@ class _Pair:
 
 
 def _fake_transcribe(path, pair, options):
-    from specasr.decode.stats import DecodeStats
     from specasr.results import Segment, TranscriptionInfo
+    from specasr.stats import DecodeStats
 
     stats = DecodeStats()
     text = f" text of {os.path.abspath(path)}"
@@ -85,7 +85,8 @@ def _visible(folder: Path) -> list[str]:
 
 # ---- item 3: same-name inputs, sources, --skip-existing, concurrent runs -------------------------
 def test_output_stems_mirror_the_common_parent(tmp_path):
-    stems = transcribe_cli._output_stems
+    from specasr.cli.batch import output_stems as stems
+
     a, b = str(tmp_path / "A" / "x.wav"), str(tmp_path / "B" / "x.wav")
     assert stems([a]) == ["x"]  # one input: out/x.txt
     assert stems([a, b]) == ["A/x", "B/x"] and stems([b, a]) == ["B/x", "A/x"]  # any order

@@ -1,6 +1,6 @@
 """The int8 target (`compute_type="int8"`): per-row int8 products that do not depend on the
 rows beside them, a decoder that runs them (scripted and eager alike), how the compute type
-is chosen, row-invariant attention (`specasr.cpu.invariant`), which makes speculative
+is chosen, row-invariant attention (`specasr.backends.cpu.invariant`), which makes speculative
 decoding of an int8 target exact, and the refusal where a machine's BLAS gives none."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from specasr.cpu import bf16
-from specasr.cpu.linear import Int8Head, Int8Linear, int8_available
+from specasr.backends.cpu import bf16
+from specasr.backends.cpu.linear import Int8Head, Int8Linear, int8_available
 from specasr.models.loading import resolve_compute_type
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="this torch build has no fbgemm int8 linear")
@@ -57,7 +57,7 @@ def test_row_quantisation_gives_quantize_per_channel_values_bitwise(levels):
     scale (round half to even)."""
     import warnings
 
-    from specasr.cpu.linear import _QUANT_BLOCK, _quantize_rows
+    from specasr.backends.cpu.linear import _QUANT_BLOCK, _quantize_rows
 
     g = torch.Generator().manual_seed(0)
     n = 2 * _QUANT_BLOCK + 7  # rows over three blocks
@@ -89,8 +89,8 @@ def test_an_int8_decoder_is_close_to_fp32_and_its_scripted_steps_are_bitwise_the
     fp32 model's."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.models.whisper import quantize_target
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     plain = random_tiny_pair(seed=3).target
     q8 = quantize_target(copy.deepcopy(plain))
@@ -140,7 +140,7 @@ def test_speculative_modes_refuse_an_int8_target_without_row_invariant_attention
 
     from tiny_pairs import random_tiny_pair
 
-    import specasr.cpu.invariant as invariant
+    import specasr.backends.cpu.invariant as invariant
     from specasr.cli import main
     from specasr.decode.loop import decode_states, speculates_exactly
     from specasr.options import DecodeOptions
@@ -166,8 +166,8 @@ def test_the_attention_probe_finds_a_row_count_here_and_fails_a_shape_dependent_
     """`fixed_rows()`: this machine's BLAS computes attention rows alike from some row count
     on (4 with MKL on AVX2); a kernel whose rows depend on how many share the call fails the
     probe, so such a machine gets no int8 speculation rather than a silent mismatch."""
-    import specasr.cpu.invariant as invariant
-    from specasr.cpu.scripted import fixed_attend
+    import specasr.backends.cpu.invariant as invariant
+    from specasr.backends.cpu.scripted import fixed_attend
 
     assert invariant.fixed_rows() in invariant.CANDIDATES
     g = torch.Generator().manual_seed(1)
@@ -186,8 +186,8 @@ def test_fixed_attention_is_row_invariant_and_close_to_plain_attention():
     products a row's result does not depend on how many cache positions the pass reads."""
     import torch.nn.functional as F
 
-    from specasr.cpu.invariant import fixed_rows
-    from specasr.cpu.scripted import SELF_CHUNK, fixed_attend
+    from specasr.backends.cpu.invariant import fixed_rows
+    from specasr.backends.cpu.scripted import SELF_CHUNK, fixed_attend
 
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 8, 6, 64, generator=g) * 0.125
@@ -218,8 +218,8 @@ def test_an_int8_targets_runner_holds_k_transposed_and_a_draft_shares_it_as_k():
     K [B, H, S, dh] every other runner reads (`plain_cross`), equal to its own computation."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.models.whisper import quantize_target
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     model = quantize_target(copy.deepcopy(random_tiny_pair(seed=5).target))
     decoder = LeanDecoder(model)
@@ -242,7 +242,7 @@ def test_k_transposed_is_one_product_equal_to_the_transposed_k(bias):
     """`cross_kv(kt=True)` multiplies W · statesᵀ for a plain Linear instead of transposing
     the product: the same K, laid out [B, H, dh, S] and contiguous, with a bias where a
     loaded module has one; a bf16 projection keeps its own product and the copy."""
-    from specasr.models.layers import DecoderLayer
+    from specasr.runtime.layers import DecoderLayer
 
     g = torch.Generator().manual_seed(3)
     layer = DecoderLayer(64, 4, 128)
@@ -354,9 +354,9 @@ def test_a_prompts_rows_skip_the_last_layer_but_keep_their_keys_and_values(monke
     pass: bitwise for an int8 target (per-row products), to float rounding in fp32."""
     from tiny_pairs import random_tiny_pair
 
-    import specasr.cpu.lean as lean
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    import specasr.runtime.runner as lean
     from specasr.models.whisper import quantize_target
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     model = random_tiny_pair(seed=5).target
     model = quantize_target(copy.deepcopy(model)) if int8 else model

@@ -8,11 +8,11 @@ import pytest
 import torch
 from tiny_pairs import random_tiny_pair
 
-from specasr.decode import stats as stats_module
+from specasr import stats as stats_module
 from specasr.decode.loop import decode
-from specasr.decode.stats import Clock, DecodeStats
 from specasr.decode.step import Hooks
 from specasr.options import DecodeOptions
+from specasr.stats import Clock, DecodeStats
 
 PHASES = ("draft_s", "target_s", "verify_s", "window_s")
 

@@ -13,7 +13,6 @@ from tiny_pairs import random_tiny_pair
 from toy import TOY_FRAMES, toy_pair
 
 from specasr import kernels
-from specasr.cpu.lean import LeanDecoder
 from specasr.decode import loop
 from specasr.decode.filters import apply_filters, build_filters
 from specasr.decode.loop import decode
@@ -23,6 +22,7 @@ from specasr.decode.stop import confidence
 from specasr.decode.task import start_sequence
 from specasr.models.draft import DistilledDraft
 from specasr.options import DecodeOptions
+from specasr.runtime.runner import LeanDecoder
 
 MAX_NEW = 40
 # Random drafts are never confident, so the draft-confidence stop would end every run after one

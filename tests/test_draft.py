@@ -12,13 +12,13 @@ import torch.nn.functional as F
 from hf_oracle import hf_logits
 from tiny_pairs import random_tiny_pair
 
-from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
-from specasr.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
+from specasr.backends.cpu.linear import Int8Linear, TransposedLinear, WideLinear, int8_available
 from specasr.decode.loop import decode
 from specasr.decode.runners import PromptTail, make_runner
 from specasr.decode.step import Hooks
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.options import DecodeOptions
+from specasr.runtime.runner import LeanDecoder, LeanRunner, lean_decoder
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_an_int8_draft_with_bf16_cross_kv_stays_exact_and_close(tiny, monkeypatc
     """`quantize_int8(bf16_cross=True)`: the runner holds the (pooled) cross K/V in bf16, the
     logits stay close to the fp32 K/V's and move (it really reads bf16), and speculative
     decoding keeps the target's tokens. The default follows the CPU (`bf16.available`)."""
-    from specasr.cpu import bf16
+    from specasr.backends.cpu import bf16
 
     t = tiny.target
     draft = _pooled_draft(tiny, 2)
@@ -268,7 +268,7 @@ def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny, bf16_cross):
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(t.config.vocab_size)).attach(t)
     eager = copy.deepcopy(draft).attach(t).quantize_int8(script=False, bf16_cross=bf16_cross)
     scripted = copy.deepcopy(draft).attach(t).quantize_int8(bf16_cross=bf16_cross)
-    assert eager.layers[0]._step is None and scripted.layers[1]._step is not None
+    assert eager.form.name == "eager" and scripted.form.name == "scripted-int8"
     states = _states(tiny, 7)
     prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * 2)
     runs = []
@@ -292,7 +292,7 @@ def test_a_cached_compilation_is_the_same_graph_and_a_bad_one_is_recompiled(tiny
     """`scripted` caches its compilation (a fresh process loads it instead of compiling):
     the loaded step gives bitwise the logits of a fresh compilation; a corrupt entry is
     compiled afresh and rewritten."""
-    from specasr.cpu import scripted as S
+    from specasr.backends.cpu import scripted as S
 
     monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
     t = tiny.target
@@ -306,7 +306,7 @@ def test_a_cached_compilation_is_the_same_graph_and_a_bad_one_is_recompiled(tiny
         with torch.inference_mode():
             runner = d.runner(states)
             out = [runner(prefix, 1), runner(torch.tensor([[2068], [3699]]), 1)]
-        return type(d.layers[0]._step).__name__, torch.cat(out, dim=1)
+        return type(runner.steps[0].fn).__name__, torch.cat(out, dim=1)
 
     try:
         kinds, runs = zip(*(logits() for _ in range(2)))
@@ -325,11 +325,11 @@ def test_scripted_target_layers_match_the_eager_lean_decoder(base_pair):
     """`layer_steps.fp32_layer_step`: the target's scripted passes (up to MANY_ROWS rows)
     agree with the eager LeanDecoder layers, and blocks above that stay eager. On base's
     real weights: a random tiny model's logits are too small to show a wrong scale."""
-    from specasr.cpu.linear import MANY_ROWS
+    from specasr.backends.cpu.linear import MANY_ROWS
 
     t = base_pair.target
     eager, scripted = LeanDecoder(t, script=False), LeanDecoder(t)
-    assert eager.layers[0]._step is None and scripted.layers[0]._step_rows == MANY_ROWS
+    assert eager.form.name == "eager" and scripted.steps[0].max_rows == MANY_ROWS
     mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(8))
     states = base_pair.encode(mel)[0]  # [1, 1500, 512]
     long = torch.tensor([[50258, 50259, 50359, 50363] + [440, 291] * 30])  # 64 tokens: scripted

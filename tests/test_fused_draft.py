@@ -1,4 +1,4 @@
-"""The distilled draft's fused one-token step (`specasr.cpu.fused`, `draft_step.c`) on the
+"""The distilled draft's fused one-token step (`specasr.backends.cpu.fused`, `draft_step.c`) on the
 packaged draft and base: it computes the torch int8 path's function (the same proposals
 almost always, logits within int8 rounding), shares the runner's cache with that path, and
 stays out of the way where it cannot run."""
@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from specasr.cpu import fused
-from specasr.cpu.linear import int8_available
+from specasr.backends.cpu import fused
+from specasr.backends.cpu.linear import int8_available
 from specasr.decode.loop import decode
 from specasr.decode.runners import make_runner
 from specasr.options import DecodeOptions
@@ -145,7 +145,7 @@ def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_pat
 def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair, draft):
     """The fused step reads the rows fbgemm was packed from (`Int8Linear.kept_of`), and no
     `Int8Linear` keeps them afterwards; without the fused step nothing extra is held."""
-    from specasr.cpu.linear import Int8Linear, _quantize_rows
+    from specasr.backends.cpu.linear import Int8Linear, _quantize_rows
     from specasr.models.draft import load_draft
     from specasr.models.loading import packaged_draft
 

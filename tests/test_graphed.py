@@ -11,13 +11,13 @@ from conftest import with_self_draft
 from torch.utils._python_dispatch import TorchDispatchMode
 from toy import TOY_FRAMES, toy_pair
 
-from specasr.cpu.lean import LeanDecoder
 from specasr.decode import graphed
 from specasr.decode.gamma import AdaptiveGamma, FixedGamma
 from specasr.decode.graphed import GraphedGreedy, decode_graphed
 from specasr.decode.loop import decode
 from specasr.decode.task import Task
 from specasr.options import DecodeOptions
+from specasr.runtime.runner import LeanDecoder
 
 MAX_NEW = 40
 AR = DecodeOptions(mode="autoregressive", max_new_tokens=MAX_NEW)
@@ -342,7 +342,7 @@ def test_device_results_are_the_host_loops_results(tiny):
     language, token kinds that say where each token came from, and the speculative counts."""
     from specasr.decode.graphed import device_results
     from specasr.decode.loop import decode_states
-    from specasr.decode.stats import DecodeStats
+    from specasr.stats import DecodeStats
 
     target_states, draft_states = tiny.encode(_mels(3))
     for mode, plan in (("autoregressive", 0), ("exact", 3)):

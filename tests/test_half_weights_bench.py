@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from specasr.cpu.linear import HalfPackedHead, PackedHead, half_available
+from specasr.backends.cpu.linear import HalfPackedHead, PackedHead, half_available
 from specasr.research import half_weights
 
 pytestmark = pytest.mark.skipif(not half_available(), reason="this torch build has no fbgemm fp16 GEMM")
@@ -38,10 +38,10 @@ def test_the_ab_table_reports_every_configuration_with_the_same_tokens(one_clip_
 def test_half_weights_added_after_load_reach_the_decoding_loop():
     """`use_half_weights` on a loaded pair: the lean view the loop runs is rebuilt with the
     fp16 forms (its cache follows the head), and greedy tokens stay the same."""
-    from specasr.cpu.lean import lean_decoder
     from specasr.models.loading import load_pair
     from specasr.models.whisper import use_half_weights
     from specasr.options import DecodeOptions
+    from specasr.runtime.runner import lean_decoder
     from specasr.transcription import transcribe_clip
 
     pair = load_pair("base", "default")

@@ -1,4 +1,4 @@
-"""The process's heap policy (`specasr.cpu.heap`): the CLI's lean policy and the workspace
+"""The process's heap policy (`specasr.backends.cpu.heap`): the CLI's lean policy and the workspace
 scope the encoder runs in."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from specasr.cpu import heap
+from specasr.backends.cpu import heap
 
 
 @pytest.fixture()
@@ -67,7 +67,7 @@ def test_lean_policy_set_inside_a_scope_waits_for_it_to_close(calls):
 # the heap grows to hold it and then serves it again (a layer's blocks, the next layer).
 FAULTS = """
 import resource, torch
-from specasr.cpu import heap
+from specasr.backends.cpu import heap
 heap.lean_heap()
 
 def faults(n=10):
@@ -94,7 +94,7 @@ def test_the_workspace_reuses_large_blocks_instead_of_faulting_them_in_again():
 
 _COLLECTOR = """
 import gc, json, sys
-from specasr.cpu import heap
+from specasr.backends.cpu import heap
 if sys.argv[1] == "off":
     gc.disable()
 frozen = gc.get_freeze_count()

@@ -1,4 +1,4 @@
-"""CPU product forms (`specasr.cpu.linear`): the packed decoder matrices compute the same
+"""CPU product forms (`specasr.backends.cpu.linear`): the packed decoder matrices compute the same
 products as the Linear they replace, at every row count the loop and the eager layers use."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from specasr.cpu.linear import (
+from specasr.backends.cpu.linear import (
     FEW_ROWS,
     HalfPackedHead,
     HalfPackedLinear,
@@ -20,7 +20,7 @@ from specasr.cpu.linear import (
     packed_available,
     swap_linears,
 )
-from specasr.cpu.scripted import _lin
+from specasr.backends.cpu.scripted import _lin
 
 pytestmark = pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN linear")
 
@@ -64,8 +64,8 @@ def test_a_packed_decoder_gives_the_unpacked_logits(runner):
     tokens, agree with the unpacked model."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.models.whisper import pack_decoder
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     plain, packed = random_tiny_pair(seed=3).target, random_tiny_pair(seed=3).target
     pack_decoder(packed)
@@ -90,22 +90,22 @@ def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_sett
     during a pass, and the caller's setting is back after it, also after an error."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu import scripted as scripted_module
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
+    from specasr.backends.cpu import scripted as scripted_module
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     target = random_tiny_pair(seed=3).target
     states = torch.randn(1, 1500, target.config.d_model, generator=torch.Generator().manual_seed(4))
     tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068]])
     seen = []
     decoder = LeanDecoder(target)
-    step = decoder.layers[0]._step
+    step = decoder.steps[0].fn
     assert step is not None  # this torch scripts the layers: the switch has something to act on
 
     def spy(*args):
         seen.append(torch._C._get_graph_executor_optimize())
         return step(*args)
 
-    decoder.layers[0]._step = spy
+    decoder.steps[0].fn = spy
     with torch.inference_mode(), torch.jit.optimized_execution(True):
         LeanRunner(decoder, states)(tokens, 6)
         assert seen == [False] and torch._C._get_graph_executor_optimize() is True
@@ -123,9 +123,9 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
     bitwise those of the same pass with the probe on."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.lean import LeanRunner
-    from specasr.cpu.scripted import plain_calls
+    from specasr.backends.cpu.scripted import plain_calls
     from specasr.models.draft import DistilledDraft
+    from specasr.runtime.runner import LeanRunner
 
     t = random_tiny_pair(seed=5).target
     draft = DistilledDraft.from_target(t, (0, 1), torch.arange(0, 51865, 7)).attach(t)
@@ -133,8 +133,8 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
     states = torch.randn(1, 1500, draft.d_model, generator=torch.Generator().manual_seed(6))
     tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068]])
     seen = []
-    layer = draft.layers[0]
-    step, head = layer._step, draft.reduced_logits
+    runner = LeanRunner(draft, states)
+    step, head = runner.steps[0].fn, draft.reduced_logits
     assert step is not None  # scripted: the probe would meet its packed arguments
 
     def spy(*args):
@@ -146,11 +146,11 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
         return head(x)
 
     with torch.inference_mode():
-        layer._step, draft.reduced_logits = spy, head_spy
+        runner.steps[0].fn, draft.reduced_logits = spy, head_spy
         try:
-            quick = LeanRunner(draft, states)(tokens, 2, reduced=True)
+            quick = runner(tokens, 2, reduced=True)
         finally:
-            layer._step = step
+            runner.steps[0].fn = step
             del draft.reduced_logits
         assert seen == [("layer", False), ("head", False)]
         assert torch._C._is_torch_function_enabled()
@@ -174,8 +174,8 @@ def test_every_layers_bf16_cross_kv_from_two_products_gives_the_layer_by_layer_b
     their own products."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.bf16 import Bf16Linear, bf16_cross_kv
-    from specasr.cpu.lean import CrossProducts, LeanDecoder, LeanRunner
+    from specasr.backends.cpu.bf16 import Bf16Linear, bf16_cross_kv
+    from specasr.runtime.runner import CrossProducts, LeanDecoder, LeanRunner
 
     target = random_tiny_pair(seed=7).target
     assert CrossProducts.of(target.model.decoder.layers) is None  # fp32: layer by layer
@@ -273,8 +273,8 @@ def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
     bigger ones the fp32-packed; both give the unpacked logits."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.models.whisper import pack_decoder
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     plain, packed = random_tiny_pair(seed=3).target, random_tiny_pair(seed=3).target
     with torch.no_grad():
@@ -289,7 +289,7 @@ def test_a_decoder_packed_with_fp16_forms_gives_the_unpacked_logits(script):
     assert isinstance(fc1, PackedLinear) and isinstance(fc1.few, HalfPackedLinear)
     lean = LeanDecoder(packed, script=script)
     if script:
-        assert lean.layers[0]._few_rows == FEW_ROWS and lean.layers[0]._few_args[4].dtype == torch.uint8
+        assert lean.steps[0].few_rows == FEW_ROWS and lean.steps[0].few[4].dtype == torch.uint8
     states = torch.randn(2, 1500, plain.config.d_model, generator=torch.Generator().manual_seed(4))
     tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068] + [1000 + i for i in range(40)]] * 2)
     with torch.inference_mode():

@@ -12,13 +12,13 @@ import pytest
 import torch
 from conftest import with_self_draft, write_corpus
 
-from specasr.decode.stats import DecodeStats
 from specasr.eval.metric import wer
 from specasr.longform import windows as longform
 from specasr.longform.windows import is_silence, needs_fallback, split_window
 from specasr.options import TranscribeOptions
 from specasr.research.longform import LongRecording, long_recording
 from specasr.results import DecodeResult, Segment, compression_ratio
+from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
 
 SR = 16000

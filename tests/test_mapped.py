@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specasr.cpu.linear import PackedHead
+from specasr.backends.cpu.linear import PackedHead
 from specasr.models import mapped
 
 

@@ -13,9 +13,9 @@ from specasr.apps.service import Controls
 from tiny_pairs import random_tiny_pair
 
 from specasr.cli import main
-from specasr.decode.stats import DecodeStats
 from specasr.longform import windows
 from specasr.options import FALLBACK_TEMPERATURES, DecodeOptions, TranscribeOptions, fallback_schedule
+from specasr.stats import DecodeStats
 
 CONFLICT = "conflicts with the fallback schedule"
 
@@ -68,7 +68,7 @@ def test_the_transcribe_command_builds_a_consistent_schedule(monkeypatch, libriv
             return ""
 
     monkeypatch.setattr(module, "load_models", lambda *args: "pair")
-    monkeypatch.setattr(module, "_Batch", Batch)
+    monkeypatch.setattr(module, "Batch", Batch)
     for t in ("0", "0.4", "1.0"):
         args = ["transcribe", str(librivox[0].path), "--temperature", t, "--seed", "3"]
         result = CliRunner().invoke(main, args)

@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from specasr.cpu.linear import int8_available
+from specasr.backends.cpu.linear import int8_available
 from specasr.decode.loop import decode
-from specasr.decode.stats import DecodeStats
 from specasr.models.draft import DistilledDraft
 from specasr.models.loading import PRESETS, packaged_draft
 from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.research.longform import long_recording
+from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
 
 

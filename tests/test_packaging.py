@@ -75,12 +75,12 @@ def test_every_package_folder_is_listed_for_the_wheel():
 
 
 def test_the_fused_draft_steps_c_source_ships_in_the_wheel():
-    """`specasr.cpu.fused` compiles its C source from the installed package on first use: the
+    """`specasr.backends.cpu.fused` compiles its C source from the installed package on first use: the
     wheel must carry it (package data, not a module)."""
     import tomllib
 
-    from specasr.cpu import fused
+    from specasr.backends.cpu import fused
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert fused.SOURCE in data["specasr.cpu"]
+    assert fused.SOURCE in data["specasr.backends.cpu"]
     assert (ROOT / "specasr" / "cpu" / fused.SOURCE).is_file()

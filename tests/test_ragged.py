@@ -17,14 +17,14 @@ import torch
 from tiny_pairs import random_tiny_pair
 from toy import TOY_FRAMES, toy_pair
 
-from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
-from specasr.cpu.linear import int8_available
+from specasr.backends.cpu.linear import int8_available
 from specasr.decode.loop import decode, decode_states
 from specasr.decode.runners import make_runner
-from specasr.decode.stats import DecodeStats
 from specasr.decode.step import Hooks, Pass
 from specasr.models.draft import DistilledDraft
 from specasr.options import DecodeOptions
+from specasr.runtime.runner import LeanDecoder, LeanRunner, lean_decoder
+from specasr.stats import DecodeStats
 
 GREEDY = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", draft_stop=0.0, max_new_tokens=30)
 

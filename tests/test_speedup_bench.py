@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from specasr.decode.gamma import best_speedup, theoretical_speedup
-from specasr.decode.stats import DecodeStats
 from specasr.research.bench import BenchReport
 from specasr.research.speedup import Bounds, StepCosts, _bound_rows, _side_by_side, bounds, side_by_side_table
+from specasr.stats import DecodeStats
 
 
 def _bounds(curve: dict[int, float], **lf) -> Bounds:

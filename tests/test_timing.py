@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from specasr.decode.stats import DecodeStats
 from specasr.longform.timing import trim_trailing_silence
 from specasr.results import Segment
+from specasr.stats import DecodeStats
 
 
 def _segment(start: float, end: float) -> Segment:

@@ -11,7 +11,7 @@ import torch
 from hf_oracle import hf_config, hf_twin
 from tiny_pairs import random_tiny_pair
 
-from specasr.cpu.linear import PackedLinear, packed_available
+from specasr.backends.cpu.linear import PackedLinear, packed_available
 from specasr.decode.loop import decode
 from specasr.models.convert import cached_conversion
 from specasr.models.loading import load_pair, offline_files
@@ -159,7 +159,7 @@ def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
     rest in fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32
     model's, the head's products equal F.linear up to summation order. `use_half_weights`
     then adds fbgemm fp16-packed forms of the decoder's matrices and the head."""
-    from specasr.cpu.linear import (
+    from specasr.backends.cpu.linear import (
         HalfPackedHead,
         HalfPackedLinear,
         HalfStoredLinear,

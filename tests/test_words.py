@@ -11,13 +11,13 @@ from conftest import with_self_draft
 from scipy.ndimage import median_filter as scipy_median
 from tiny_pairs import random_tiny_pair
 
-from specasr.decode.stats import DecodeStats
 from specasr.longform import words as W
 from specasr.models.loading import offline_files
 from specasr.models.whisper import Generation, WhisperDims
 from specasr.options import TranscribeOptions
 from specasr.research.longform import long_recording
 from specasr.results import Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 from specasr.tokenizer import Tokenizer
 from specasr.transcription import transcribe
 

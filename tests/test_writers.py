@@ -13,9 +13,9 @@ import pytest
 from conftest import with_self_draft
 
 from specasr import writers
-from specasr.decode.stats import DecodeStats
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
 
 SRT_TIME = re.compile(r"^(\d{2}):(\d{2}):(\d{2}),(\d{3}) --> (\d{2}):(\d{2}):(\d{2}),(\d{3})$")

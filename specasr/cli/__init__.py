@@ -13,20 +13,20 @@ import sys
 
 import click
 
+from specasr.backends.cpu import heap
 from specasr.cli.app import app as app_command
 from specasr.cli.bench import bench as bench_command
 from specasr.cli.common import claim_process
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
 from specasr.cli.transcribe import transcribe as transcribe_command
-from specasr.cpu import heap
 
 
 @click.group()
 @click.version_option(package_name="specasr")
 def main() -> None:
     """Whisper transcription with exact speculative decoding."""
-    heap.lean_heap()  # blocks over 2 MB go back on free (specasr.cpu.heap)
+    heap.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.cpu.heap)
 
 
 def run() -> None:

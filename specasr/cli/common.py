@@ -134,7 +134,7 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
 
 def check_compute_type(compute_type: str, modes) -> None:
     """A usage error (exit 2), before any model loads, for a bf16 compute type on a CPU
-    without native bf16 (`specasr.cpu.bf16.available`), and for --compute-type int8 with a
+    without native bf16 (`specasr.backends.cpu.bf16.available`), and for --compute-type int8 with a
     speculative mode on a machine whose BLAS gives no row-invariant attention: there an int8
     target decodes autoregressively only (`specasr.decode.loop.INT8_SPECULATIVE`). The checks
     import torch, so they run as the process's start-up (`start_up`)."""
@@ -146,11 +146,11 @@ def check_compute_type(compute_type: str, modes) -> None:
     with start_up():  # once: the first start-up of a process freezes what it leaves
         native = invariant = True
         if needs_bf16:
-            from specasr.cpu import bf16
+            from specasr.backends.cpu import bf16
 
             native = bf16.available()
         if needs_rows:
-            from specasr.cpu.invariant import fixed_rows
+            from specasr.backends.cpu.invariant import fixed_rows
 
             invariant = fixed_rows() > 0
     if not native:
@@ -217,11 +217,11 @@ def claim_process() -> None:
 
 def start_up():
     """Imports and model loading with Python's cyclic collector paused
-    (`specasr.cpu.heap.collector_paused`). In a `specasr` process (`claim_process`) the first
+    (`specasr.backends.cpu.heap.collector_paused`). In a `specasr` process (`claim_process`) the first
     one freezes what exists on leaving before the collector resumes; later loads in the same
     process (`specasr eval`, one model pair per mode) only pause it, so a finished mode's
     cyclic garbage is never frozen with them."""
-    from specasr.cpu import heap  # no torch
+    from specasr.backends.cpu import heap  # no torch
 
     freeze, _PROCESS["freeze"] = _PROCESS["freeze"], False
     return heap.collector_paused(freeze=freeze)

@@ -1,5 +1,5 @@
 """`specasr transcribe --ray`: files flow through Ray Data to actors that each load the
-model pair once and transcribe with the local batch code (`transcribe._Batch.one`: locks,
+model pair once and transcribe with the local batch code (`transcribe.Batch.one`: locks,
 provenance, --skip-existing, atomic outputs), writing into --output-dir themselves. The
 driver loads no model: it adds up what each file came to and prints the local summary.
 On several machines, the inputs and --output-dir must be at the same path on every node.
@@ -15,16 +15,16 @@ from collections.abc import Callable
 
 import click
 
+from specasr.cli.batch import Batch, output_stems
 from specasr.cli.common import check_loaded
-from specasr.cli.transcribe import _Batch, _output_stems
 from specasr.eval.ray_runner import RayOptions, errors, map_actors, session, stopped
 
 
 class _Transcriber:
-    """A Ray Data actor: a `_Batch` over the pair it loads once; one row per file with what
+    """A Ray Data actor: a `Batch` over the pair it loads once; one row per file with what
     became of it (done, skipped or failed), its messages, audio seconds and statistics."""
 
-    def __init__(self, load: Callable, batch: _Batch, threads: int | None) -> None:
+    def __init__(self, load: Callable, batch: Batch, threads: int | None) -> None:
         if threads is not None:
             import torch
 
@@ -39,7 +39,7 @@ class _Transcriber:
         self.batch = batch
 
     def __call__(self, rows: dict) -> dict[str, list]:
-        from specasr.decode.stats import DecodeStats
+        from specasr.stats import DecodeStats
 
         b, out = self.batch, {"counts": [], "messages": [], "audio_s": [], "stats": [], "unusable": []}
         for path, stem in zip(rows["path"], rows["stem"]):
@@ -58,10 +58,10 @@ class _Transcriber:
         return out
 
 
-def run_on_ray(batch: _Batch, files: list[str], load: Callable, options: RayOptions) -> None:
+def run_on_ray(batch: Batch, files: list[str], load: Callable, options: RayOptions) -> None:
     """Transcribes `files` on Ray actors into `batch.output_dir`; adds their outcomes to
     `batch` (done, skipped, failed, audio, statistics) as they come back."""
-    stems = _output_stems(files)
+    stems = output_stems(files)
     batch.clean_temps(stems)
     items = [{"path": f, "stem": s} for f, s in zip(files, stems)]
     kwargs = {"load": load, "batch": batch, "threads": options.threads}

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specasr.constants import COST_KEYS
+
 
 def expected_tokens(alpha: float, gamma: int) -> float:
     """Expected tokens per verify pass when each draft token is accepted with prob. α."""
@@ -82,13 +84,22 @@ class SpeculationCost:
         return cls(float(c), {1: 1.0} | {int(k): float(v) for k, v in pairs})
 
 
+def stored_cost(pair) -> SpeculationCost | None:
+    """A distilled draft's stored cost curve for the backoff policy (its `cost_c` and
+    `cost_verify` metadata), or None."""
+    meta = getattr(pair.draft, "meta", None) or {}
+    if not all(k in meta for k in COST_KEYS):
+        return None
+    return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
+
+
 # Base and its packaged int8 draft on the 2-core dev CPU (docs/benchmarks.md, "Long-form
 # speedup on CPU": the measured c and v(2) … v(5)); break-even α ≈ 0.46. A draft file may
 # carry its own (`cost_c`, `cost_verify` metadata); the figures are CPU ones, for CPU policies.
 CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 
 # The same for one row of an int8 target (compute type int8 or int8_bfloat16) with the
-# packaged draft's fused C step (`specasr.cpu.fused`): its passes over k tokens cost little
+# packaged draft's fused C step (`specasr.backends.cpu.fused`): its passes over k tokens cost little
 # more than one step, and the draft step about a seventh of one. `python -m
 # specasr.research.speedup --compute-type int8 --repeats 15` on the 2-core Xeon (session 29:
 # fixture c 0.146, held-out 0.140; the larger v(k) of the two runs, raised to be monotone);

@@ -56,12 +56,12 @@ import torch
 from torch import Tensor
 
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.lean import LeanRunner
 from specasr.decode.filters import TimestampRules, device_form, static_masks, timestamp_rules_on_device
 from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
 from specasr.decode.runners import make_runner, prompt_drop
 from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
+from specasr.runtime.runner import LeanRunner
 
 
 def _argmax(x: Tensor) -> Tensor:
@@ -84,8 +84,8 @@ def fixed_pass(
     mask = (torch.arange(N_TEXT_CTX, device=dev) <= pos[..., None])[:, None]  # [B, 1, T, 448]
     write = pos[:, None, :, None].expand(B, K0.shape[1], T, K0.shape[3])  # [B, H, T, dh]
     x = dec.embed(tokens, pos)  # [B, T, d]
-    for layer, K, V, (ck, cv) in zip(dec.layers, runner.k, runner.v, runner.cross):
-        x = layer(x, ck, cv, mask, cache=(K, V), start=N_TEXT_CTX - T, write=write)
+    for step, K, V, (ck, cv) in zip(runner.steps, runner.k, runner.v, runner.cross):
+        x = step(x, ck, cv, mask, (K, V), N_TEXT_CTX - T, write)
     if hidden:  # the last layer's output [B, T, d], before the final norm and the head
         return x
     return dec.reduced_logits(x) if reduced else dec.logits(x)

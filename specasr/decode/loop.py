@@ -20,17 +20,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specasr.backends.cpu import heap
 from specasr.constants import N_TEXT_CTX, int8_decoder
-from specasr.cpu import heap
-from specasr.decode.gamma import make_policy
+from specasr.decode.gamma import make_policy, stored_cost
 from specasr.decode.graphed import device_loop_plan, device_results
 from specasr.decode.runners import make_runner, prompt_tail
-from specasr.decode.stats import Clock, DecodeStats, timed
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
 from specasr.decode.stop import make_stop
 from specasr.decode.task import Task, task_language
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
+from specasr.runtime.runner import decoder_form
+from specasr.stats import Clock, DecodeStats, timed
 
 
 class DecodeLoop:
@@ -45,7 +46,7 @@ class DecodeLoop:
             options.gamma,
             options.gamma_max,
             pair.device.type,
-            getattr(pair, "cost", None),  # a draft's stored cost curve, for the backoff policy
+            stored_cost(pair),  # a draft's stored cost curve, for the backoff policy
             untrained,
             int8_decoder(getattr(pair, "compute_type", "float32")),  # its batch cost curves
         )
@@ -125,18 +126,18 @@ INT8_SPECULATIVE = (
     "this int8 target decodes autoregressively only: speculative decoding needs attention whose "
     "every row is bitwise alike in a k-token verify pass and a one-token step (int8 quantisation "
     "turns last-bit differences into different tokens), and this machine's BLAS gave none "
-    "(`specasr.cpu.invariant.fixed_rows` is 0); use mode 'autoregressive' with compute type int8, "
+    "(`specasr.backends.cpu.invariant.fixed_rows` is 0); use mode 'autoregressive' with compute type int8, "
     "or compute type float32 for speculative modes"
 )
 
 
 def speculates_exactly(pair) -> bool:
     """Whether speculative modes keep the target's greedy tokens with this pair: always in
-    fp32 (up to summation order), and for an int8 target when its layers attend row-invariantly
-    (`specasr.cpu.invariant`)."""
+    fp32 (up to summation order), and for an int8 target when its layer form attends
+    row-invariantly (`specasr.runtime.forms`, `specasr.backends.cpu.invariant`)."""
     if not int8_decoder(getattr(pair, "compute_type", "float32")):
         return True
-    return all(getattr(layer, "fixed_rows", 0) > 0 for layer in pair.target.model.decoder.layers)
+    return decoder_form(pair.target).fixed_rows > 0
 
 
 @torch.inference_mode()

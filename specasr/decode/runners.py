@@ -1,6 +1,6 @@
 """Decoder runners: one model's decoder and its KV cache, behind one interface.
 
-Every runner is a `LeanRunner` (`specasr.cpu.lean`): a preallocated, position-indexed cache
+Every runner is a `LeanRunner` (`specasr.runtime.runner`): a preallocated, position-indexed cache
 over plain torch layers. A Whisper target in fp32 on a CPU runs through its `LeanDecoder`
 view (the same layers with faster product forms); elsewhere (CUDA, fp16) the model's own
 decoder layers run as they are; distilled drafts bring their own runner (`BringsRunner`).
@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from specasr.cpu.lean import LeanDecoder, LeanRunner, lean_decoder
+from specasr.runtime.runner import LeanDecoder, LeanRunner, lean_decoder
 
 
 class Runner(Protocol):

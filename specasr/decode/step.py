@@ -18,7 +18,7 @@ The speculative step (Leviathan et al.; gpt-fast's shape):
    target's, and at T = 0 they are its greedy sequence.
 
 Ragged rows sit at different positions. A runner keeps a length per row and writes each
-row's keys and values at its own positions behind a per-row mask (`specasr.cpu.lean`).
+row's keys and values at its own positions behind a per-row mask (`specasr.runtime.runner`).
 Every pass still feeds a rectangle [B, k]: the target's rows always have the same number
 of new tokens, and a draft row with fewer new tokens than the others re-feeds cached ones
 (`feed`). Rows at one length (always at B = 1) take the uniform path of one slice and one
@@ -39,11 +39,11 @@ from torch import Tensor
 from specasr import kernels
 from specasr.decode.filters import LogitFilter, apply_filters, on_vocab
 from specasr.decode.runners import Runner
-from specasr.decode.stats import Clock, DecodeStats
 from specasr.decode.stop import DraftStop
 from specasr.decode.task import Task
 from specasr.kernels._common import first_argmax
 from specasr.options import DecodeOptions
+from specasr.stats import Clock, DecodeStats
 
 # Where each emitted token came from: a draft token the verifier accepted; the verifier's
 # token at the first rejection ("corrected", drawn from norm(max(0, p − q))); its token after

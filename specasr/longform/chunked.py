@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
-from specasr.decode.stats import DecodeStats
 from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
@@ -41,6 +40,7 @@ from specasr.longform.windows import (
 from specasr.longform.words import WordTimer
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 
 SMOOTH_FRAMES = 21  # 0.2 s: the quietest point is a pause or a dip between words, not one quiet frame
 MIN_REPEAT = 3  # text tokens a follow-up window must repeat before they count as a repeat

@@ -24,7 +24,6 @@ from dataclasses import replace
 from torch import Tensor
 
 from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
-from specasr.decode.stats import DecodeStats
 from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
@@ -38,6 +37,7 @@ from specasr.longform.windows import (
 from specasr.longform.words import WordTimer
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 
 
 def sequential(

@@ -12,10 +12,10 @@ from torch import Tensor
 
 from specasr.constants import N_FRAMES, SECONDS_PER_TIMESTAMP
 from specasr.decode.loop import decode_states
-from specasr.decode.stats import DecodeStats, timed
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment
+from specasr.stats import DecodeStats, timed
 
 
 def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:

@@ -31,7 +31,7 @@ from typing import BinaryIO
 import torch
 from safetensors.torch import save_file
 
-from specasr.models.cache import default_cache_root, store
+from specasr.cache import default_cache_root, store
 from specasr.models.whisper import write_transposed
 from specasr.tokenizer import TASKS, Tokenizer
 

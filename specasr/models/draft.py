@@ -10,11 +10,11 @@ of them are stored with the draft), and owns only:
   verifier only needs q(d) > 0 for the drafted token d, and the residual max(p − q, 0)
   then gives those tokens their full target mass (exact at every temperature).
 
-It runs in `specasr.cpu.lean.LeanRunner`, a preallocated-KV-cache loop with the interface
+It runs in `specasr.runtime.runner.LeanRunner`, a preallocated-KV-cache loop with the interface
 of `specasr.decode.runners.Runner` (call, rollback, keep; a length per row), so a draft
 step costs its arithmetic plus a few dozen kernel launches, not a Hugging Face module tree. On CPU
 `quantize_int8` makes its products int8 (lossy: it moves α, never the output) and runs each
-layer as one TorchScript function (`specasr.cpu.scripted`), with the same ops and without
+layer as one TorchScript function (`specasr.backends.cpu.scripted`), with the same ops and without
 Python between them.
 
 A draft may attend over pooled frames (`cross_pool` p > 1, the recipe's `--cross-pool`): the
@@ -42,12 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.cpu.fused import FusedDraft
-from specasr.cpu.lean import LeanRunner
-from specasr.cpu.linear import Int8Linear, swap_linears
-from specasr.cpu.scripted import int8_args, scripted
-from specasr.models.layers import DecoderLayer, embed, fuse_qkv, no_init
+from specasr.backends.cpu.fused import FusedDraft
+from specasr.backends.cpu.linear import Int8Linear, swap_linears
+from specasr.constants import COST_KEYS
 from specasr.models.mapped import gather_rows
+from specasr.runtime.forms import LayerForm, choose
+from specasr.runtime.layers import DecoderLayer, embed, fuse_qkv, no_init
+from specasr.runtime.runner import LeanRunner
 
 FORMAT = "specasr-draft"
 VERSION = 1
@@ -59,7 +60,6 @@ def _equal_as(mine: Tensor, theirs: Tensor, stored: torch.dtype) -> bool:
 
 
 POOLS = (1, 2, 3, 4, 5, 6)  # `cross_pool`s that divide Whisper's 1500 encoder frames
-COST_KEYS = ("cost_c", "cost_verify")  # optional: the measured cost curve (`decode.gamma.SpeculationCost`)
 
 
 class DistilledDraft(nn.Module):
@@ -79,6 +79,7 @@ class DistilledDraft(nn.Module):
         # the dtype its runners keep cross K/V in (`quantize_int8`); None: as computed (fp16 on CUDA)
         self.cross_dtype: torch.dtype | None = None
         self.fused: FusedDraft | None = None  # `quantize_int8`'s C step for one-token passes
+        self.form: LayerForm = choose(self.layers)  # how its layers run; `quantize_int8` chooses again
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -198,7 +199,9 @@ class DistilledDraft(nn.Module):
             self._reduced_vocab = cached
         return cached[1]
 
-    def runner(self, states: Tensor, target_cross: list | None = None) -> LeanRunner:
+    def runner(
+        self, states: Tensor, target_cross: list | None = None, form: LayerForm | None = None
+    ) -> LeanRunner:
         """target_cross: the target runner's per-layer cross K/V on the same states; layers
         that kept a target layer's projections (`cross_from`) reuse them instead of computing
         their own. That saves a K/V product over every encoder frame per window and keeps
@@ -216,28 +219,27 @@ class DistilledDraft(nn.Module):
                 ]
                 if self.cross_dtype is not None:
                     cross = [(k.to(self.cross_dtype), v.to(self.cross_dtype)) for k, v in cross]
-        return LeanRunner(self, states, cross)
+        return LeanRunner(self, states, cross, form)
 
     def quantize_int8(
         self, script: bool = True, bf16_cross: bool | None = None, fused: bool = True
     ) -> DistilledDraft:
-        """Inference on CPU with int8 weights (`specasr.cpu.linear.Int8Linear`): lossy, which
+        """Inference on CPU with int8 weights (`specasr.backends.cpu.linear.Int8Linear`): lossy, which
         moves the acceptance rate but never the transcript. Attach first; no training
         afterwards. script: each layer runs as one TorchScript function
-        (`specasr.cpu.scripted`), bitwise the same as the eager layer and faster per
+        (`specasr.backends.cpu.scripted`), bitwise the same as the eager layer and faster per
         one-token step, without Python between the ops (measured: docs/benchmarks.md).
         bf16_cross: its runners keep the cross-attention K/V in bf16 (`cross_dtype`), which
         attention reads in bf16 with fp32 results: lossy like the int8 products, and a
         cheaper step where bf16 is native; None: where the CPU computes bf16 natively
-        (`specasr.cpu.bf16.available`), where it is emulated it would be slower. fused: its
-        one-token steps run as one C call (`specasr.cpu.fused`) where a compiler is found."""
-        from specasr.cpu import bf16
+        (`specasr.backends.cpu.bf16.available`), where it is emulated it would be slower. fused: its
+        one-token steps run as one C call (`specasr.backends.cpu.fused`) where a compiler is found."""
+        from specasr.backends.cpu import bf16
 
         if not self._shared:
             raise RuntimeError("attach the draft to its target before quantizing it")
         if self.layer_norm.weight.device.type != "cpu":
             raise ValueError("int8 drafts run on CPU only")
-        step = scripted("int8") if script else None
         for layer in self.layers:
             fuse_qkv(layer.self_attn, lambda fused: fused)  # quantised with the rest, below
         make = Int8Linear.kept_of if fused else Int8Linear.of  # the fused step reads the int8 rows too
@@ -254,9 +256,7 @@ class DistilledDraft(nn.Module):
         self.cross_dtype = (
             torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32
         )
-        for layer in self.layers:
-            if step is not None:
-                layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count
+        self.form = choose(self.layers, script)  # int8 layers as one TorchScript function each
         return self
 
     # ---- files --------------------------------------------------------------------------

@@ -24,16 +24,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specasr.backends.cpu import bf16, heap
+from specasr.backends.cpu.linear import int8_available
 from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
-from specasr.cpu import bf16, heap
-from specasr.cpu.lean import LeanDecoder, lean_decoder
-from specasr.cpu.linear import int8_available
-from specasr.decode.gamma import SpeculationCost
 from specasr.models.convert import CT2Files, cached_conversion
-from specasr.models.draft import COST_KEYS, DistilledDraft, is_draft_file, load_draft
-from specasr.models.layers import no_init
+from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.presets import PRESETS, Preset
 from specasr.models.whisper import Whisper, load_whisper, quantize_target, use_half_weights
+from specasr.runtime.forms import LayerForm
+from specasr.runtime.layers import no_init
+from specasr.runtime.runner import LeanDecoder, decoder_form, lean_decoder
 from specasr.tokenizer import Tokenizer
 
 # what a hub checkpoint needs; the weights as safetensors (single or sharded), else the legacy bin
@@ -78,20 +78,39 @@ class ModelPair:
     begin_suppress_tokens: tuple[int, ...]
     target_name: str
     draft_name: str | None
-    compute_type: str = "float32"  # the target's decoder products: "float32" or "int8" (`load_pair`)
+    # `constants.COMPUTE_TYPES` but "auto": the target's decoder products ("float32", "int8")
+    # and its encoder's ("bfloat16"), as `load_pair` resolved them
+    compute_type: str = "float32"
+
+    @property
+    def target_form(self) -> LayerForm:
+        """How the target's decoder layers run (`specasr.runtime.forms`), chosen at load."""
+        return decoder_form(self.target)
+
+    @property
+    def draft_form(self) -> LayerForm | None:
+        """How the draft's decoder layers run, chosen at load; None without a draft."""
+        return None if self.draft is None else decoder_form(self.draft)
+
+    def explain(self) -> list[str]:
+        """Which implementation each model runs and why, a line each (`specasr models --explain`)."""
+        lines = [f"target {self.target_name}: compute type {self.compute_type} on {self.device.type}"]
+        lines.append(f"  decoder layers: {self.target_form.describe()}")
+        if self.draft is not None:
+            lines.append(f"draft {self.draft_name}:")
+            lines.append(f"  decoder layers: {self.draft_form.describe()}")
+            fused = getattr(self.draft, "fused", None)
+            if isinstance(self.draft, DistilledDraft):
+                lines.append(
+                    "  one-token steps: one C call (backends.cpu.fused)"
+                    if fused is not None
+                    else "  one-token steps: its layers (no C step: turned off, no compiler or a failed build)"
+                )
+        return lines
 
     @property
     def vocab_size(self) -> int:
         return self.target.config.vocab_size
-
-    @property
-    def cost(self) -> SpeculationCost | None:
-        """The draft's stored cost curve for the backoff γ policy (`cost_c`, `cost_verify`
-        metadata of a distilled draft), or None."""
-        meta = getattr(self.draft, "meta", {})
-        if not all(k in meta for k in COST_KEYS):
-            return None
-        return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
 
     @property
     def draft_languages(self) -> tuple[str, ...] | None:
@@ -248,7 +267,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-@heap.collector_paused()  # loading makes many long-lived objects: see specasr.cpu.heap
+@heap.collector_paused()  # loading makes many long-lived objects: see specasr.backends.cpu.heap
 def load_pair(
     target: str,
     draft: str | None = "default",
@@ -268,8 +287,8 @@ def load_pair(
     can move the acceptance rate, never the transcript.
     compute_type: the target's products (`resolve_compute_type`): "float32", "int8" (the
     decoder's, CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy
-    target of its own; speculative modes keep its greedy tokens, `specasr.cpu.invariant`),
-    "bfloat16" (the encoder's, CPUs with native bf16: `specasr.cpu.bf16`, lossy),
+    target of its own; speculative modes keep its greedy tokens, `specasr.backends.cpu.invariant`),
+    "bfloat16" (the encoder's, CPUs with native bf16: `specasr.backends.cpu.bf16`, lossy),
     "int8_bfloat16" (both) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
@@ -339,7 +358,7 @@ def resolve_compute_type(
     compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
 ) -> str:
     """The target's compute type for a requested one: "float32", "int8" (the decoder's
-    products), "bfloat16" (the encoder's, `specasr.cpu.bf16`) or "int8_bfloat16" (both, as
+    products), "bfloat16" (the encoder's, `specasr.backends.cpu.bf16`) or "int8_bfloat16" (both, as
     faster-whisper names it). "int8" needs a CPU, fp32 and fbgemm (x86 builds); bf16 needs a
     CPU in fp32 with native bf16 dot products (AVX512_BF16 or AMX); asked for elsewhere
     either is a ValueError.
@@ -351,7 +370,7 @@ def resolve_compute_type(
     "float32": when in doubt, the checkpoint's own precision. A
     pair with a draft gets float32 from "auto": speculative decoding promises the checkpoint's
     own greedy tokens by default, and an int8 target (exact against itself,
-    `specasr.cpu.invariant`) is a different model that a user asks for by name."""
+    `specasr.backends.cpu.invariant`) is a different model that a user asks for by name."""
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"compute type {compute_type!r}: expected one of {', '.join(COMPUTE_TYPES)}")
     cpu32 = device.type == "cpu" and dtype == torch.float32

@@ -1,7 +1,7 @@
 """Tensors of a safetensors file, memory-mapped.
 
 Whisper's token embedding (51865 × 512 for base, 106 MB in fp32) is also its tied output
-head. On a CPU in fp32 the head runs from a oneDNN-packed copy (`specasr.cpu.linear.PackedHead`),
+head. On a CPU in fp32 the head runs from a oneDNN-packed copy (`specasr.backends.cpu.linear.PackedHead`),
 so the embedding itself is only ever read a few rows at a time, by token lookups. Mapping it
 from the conversion cache keeps just the looked-up pages resident instead of all 106 MB; the
 packing reads it block by block, dropping each block's pages after it (`release`). The

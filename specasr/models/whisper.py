@@ -7,7 +7,7 @@ and `WhisperDims` reads its `config.json` keys. Nothing here imports transformer
 needed only to convert checkpoints, and as the tests' reference.
 
 The decoder's layers are `layers.DecoderLayer`, which runs with a preallocated,
-position-indexed KV cache (`specasr.cpu.lean.LeanRunner`); on a CPU in fp32 the target runs
+position-indexed KV cache (`specasr.runtime.runner.LeanRunner`); on a CPU in fp32 the target runs
 through `LeanDecoder`, the same layers with faster product forms.
 """
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specasr.models import mapped
-from specasr.models.layers import Attention, DecoderLayer, embed, no_init
+from specasr.runtime.layers import Attention, DecoderLayer, embed, no_init
 
 
 @dataclass
@@ -253,7 +253,7 @@ class Whisper(nn.Module):
 
     def use_head_form(self, head: nn.Module) -> None:
         """Projects through `head`, another form of the same tied weight (`head.weight` is the
-        token embedding's Parameter, e.g. `specasr.cpu.linear.PackedHead`)."""
+        token embedding's Parameter, e.g. `specasr.backends.cpu.linear.PackedHead`)."""
         if head.weight is not self.model.decoder.embed_tokens.weight:
             raise ValueError("the head form must hold the model's own token embedding")
         self.proj_out = head
@@ -309,8 +309,8 @@ def read_safetensors(
 
 # The decoder's layer matrices as Wᵀ [in, out] (all but cross-attention K/V, which only ever
 # multiply 1500 encoder rows at once; the tied token embedding is packed for oneDNN at load
-# instead, `specasr.cpu.linear.PackedHead`, and looked up from a map of model.safetensors):
-# the layout the CPU decoder multiplies by (`specasr.cpu.linear.TransposedLinear`). The
+# instead, `specasr.backends.cpu.linear.PackedHead`, and looked up from a map of model.safetensors):
+# the layout the CPU decoder multiplies by (`specasr.backends.cpu.linear.TransposedLinear`). The
 # conversion cache stores them beside the weights, so a CPU load reads them in place instead of
 # transposing 200 MB (base) on every start; a model's Linear then holds Wᵀ's transposed view.
 TRANSPOSED_FILE = "transposed.safetensors"
@@ -417,7 +417,7 @@ def load_whisper(
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
-    from specasr.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
+    from specasr.backends.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
 
     if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
         swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
@@ -460,7 +460,13 @@ def use_half_weights(model: Whisper) -> bool:
     fp16-exact."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specasr.cpu.linear import HalfPackedHead, HalfPackedLinear, PackedHead, PackedLinear, half_available
+    from specasr.backends.cpu.linear import (
+        HalfPackedHead,
+        HalfPackedLinear,
+        PackedHead,
+        PackedLinear,
+        half_available,
+    )
 
     if not half_available() or not isinstance(model.proj_out, PackedHead):
         return False
@@ -494,13 +500,13 @@ def use_half_weights(model: Whisper) -> bool:
 
 
 def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
-    """Replaces the decoder layers' Linear modules by `specasr.cpu.linear.PackedLinear`
+    """Replaces the decoder layers' Linear modules by `specasr.backends.cpu.linear.PackedLinear`
     (CPU, fp32; nothing where oneDNN is missing): the dense matrices are freed, and every
     decoder path runs oneDNN's packed products. The cross-attention K/V projections stay
     plain Linear: they run once per window over 1500 frames (`use_half_weights` adds fp16
     forms for few-row passes). after_layer() runs once each layer is packed (the loader
     drops the mapped pages it read)."""
-    from specasr.cpu.linear import PackedLinear
+    from specasr.backends.cpu.linear import PackedLinear
 
     for layer in model.model.decoder.layers:
         for box, names in (
@@ -520,19 +526,16 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
 def quantize_target(model: Whisper) -> Whisper:
     """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
     (but cross-attention K/V) and the tied output head become per-row
-    `specasr.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
+    `specasr.backends.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
     Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
     The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
     (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
     1.23× faster per window but cost speech on the long-form fixture (docs/benchmarks.md)."""
-    from specasr.cpu.invariant import fixed_rows
-    from specasr.cpu.linear import Int8Head, Int8Linear
-    from specasr.models.layers import fuse_qkv
+    from specasr.backends.cpu.linear import Int8Head, Int8Linear
+    from specasr.runtime.layers import fuse_qkv
 
-    rows = fixed_rows()  # 0 where this machine's BLAS gives no row-invariant attention
-    for layer in model.model.decoder.layers:
-        layer.fixed_rows = rows  # rows alike in any pass: speculative decoding stays exact
+    for layer in model.model.decoder.layers:  # its layer form attends row-invariantly (`runtime.forms`)
         fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
         for box, names in (
             (layer.self_attn, ("out_proj",)),

@@ -113,7 +113,7 @@ def main(
 
     import torch
 
-    from specasr.cpu.linear import HalfPackedHead
+    from specasr.backends.cpu.linear import HalfPackedHead
     from specasr.models.loading import load_pair
     from specasr.research.bench import file_mels
     from specasr.research.speedup import step_costs
@@ -128,7 +128,7 @@ def main(
     mel = file_mels(pair, sorted(Path(data).glob("*.wav"))[:1])[0]
     with torch.inference_mode():
         costs = step_costs(pair, mel, ks=(1, 2, 4, 8), repeats=repeats)
-    # fp16-packed forms serve every pass measured here (k <= FEW_ROWS: `specasr.cpu.linear`)
+    # fp16-packed forms serve every pass measured here (k <= FEW_ROWS: `specasr.backends.cpu.linear`)
     half = isinstance(pair.target.proj_out, HalfPackedHead)
     parts = step_bytes(pair.target.config, matrix_element=1 if int8 else 2 if half else 4)
     total = sum(parts.values())

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from specasr.decode.gamma import theoretical_speedup
 from specasr.decode.loop import decode
-from specasr.decode.stats import DecodeStats
 from specasr.options import DecodeOptions
+from specasr.stats import DecodeStats
 
 
 @dataclass

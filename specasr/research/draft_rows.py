@@ -11,7 +11,7 @@ reduced path with the full-row path (`DistilledDraft.reduce_rows = False`) over 
 rounds after a warm-up. It prints the median decoder phase of each, the median of the paired
 ratios (full ÷ reduced, run i of each back to back), and whether both paths made the same
 passes: at T = 0 they propose, stop and accept the same tokens. Both arms run the draft's
-torch path: its fused one-token step (`specasr.cpu.fused`) serves reduced rows only and
+torch path: its fused one-token step (`specasr.backends.cpu.fused`) serves reduced rows only and
 rounds differently, so it is off here.
 """
 

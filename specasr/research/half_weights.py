@@ -3,7 +3,7 @@
     python -m specasr.research.half_weights --repeats 4
 
 `specasr.models.whisper.use_half_weights` gives an fp16 checkpoint's decoder matrices and
-head an fbgemm fp16-packed form for passes of few rows (`specasr.cpu.linear.HalfPackedLinear`,
+head an fbgemm fp16-packed form for passes of few rows (`specasr.backends.cpu.linear.HalfPackedLinear`,
 `HalfPackedHead`), the same fp32 products from half the bytes, which long-lived processes ask for
 (`load_pair(half_weights=True)`: the app, eval runs). This loads the pair twice in one
 process, with oneDNN fp32-packed weights only (the default) and with the fp16 forms, then

@@ -48,7 +48,7 @@ def token_alpha(pair, states, lang: str, gamma: int = 7, **decode) -> tuple[floa
     """Per-token α̂ of pair's draft with a fixed γ over encoded windows, and the tokens.
     decode: further DecodeOptions fields."""
     from specasr.decode.loop import decode_states
-    from specasr.decode.stats import DecodeStats
+    from specasr.stats import DecodeStats
 
     opts = DecodeOptions(mode="exact", language=lang, gamma=gamma, gamma_policy="fixed", **decode)
     total, tokens = DecodeStats(), []

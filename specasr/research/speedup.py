@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 import click
 
 from specasr.cli.common import compute_type_option
-from specasr.decode.stats import DecodeStats
 from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.research.longform import corpus_options
+from specasr.stats import DecodeStats
 
 
 def _side_by_side(name: str, ar_runs: list, runs: list) -> dict:
@@ -156,8 +156,8 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20, eager: bool 
     machine lands on all of them instead of bending the curve v(k)."""
     import torch
 
-    from specasr.cpu.lean import LeanDecoder, LeanRunner
     from specasr.decode.runners import make_runner
+    from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     target_states, draft_states = pair.encode(mel)
     rows = mel.shape[0]
@@ -179,7 +179,7 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20, eager: bool 
         for (name, k), taken in times.items():
             runner = runners[name]
             # a distilled draft's step as the loop takes it: over its own vocabulary, which
-            # is also what its fused one-token step serves (`specasr.cpu.fused`)
+            # is also what its fused one-token step serves (`specasr.backends.cpu.fused`)
             reduced = {"reduced": True} if name == "draft" and getattr(runner, "vocab", None) else {}
             t0 = time.perf_counter()
             runner(new[:, :k], k, **reduced)

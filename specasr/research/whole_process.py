@@ -18,7 +18,7 @@ Rows:
 - with `--long --batched`, on the long-form fixture: each system's batched, text-only path
   (VAD, batches of 8 windows, no timestamps): specasr exact fp32 and int8, faster-whisper's
   `BatchedInferencePipeline` fp32 and int8;
-- on a CPU with native bf16 (`specasr.cpu.bf16.available`), specasr exact `--compute-type
+- on a CPU with native bf16 (`specasr.backends.cpu.bf16.available`), specasr exact `--compute-type
   int8_bfloat16` too, on each path.
 
 faster-whisper is optional (`pip install "specasr[bench]"`); without it those rows are skipped.
@@ -218,7 +218,7 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
     from importlib.resources import files
     from importlib.util import find_spec
 
-    from specasr.cpu import bf16
+    from specasr.backends.cpu import bf16
 
     compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="specasr-whole-"))

@@ -2,17 +2,17 @@
 
 A decoder pass on CPU over 1–9 tokens is dozens of small products and views per layer, and
 the Python around each op (module calls, views, reshapes) costs about as much as a small
-product. Each function here is `specasr.models.layers.DecoderLayer.forward` for one kind
+product. Each function here is `specasr.runtime.layers.DecoderLayer.forward` for one kind
 of layer, written as one scripted function, so the interpreter runs the ops without Python
 between them:
 
 - `int8_layer_step`: a distilled draft's layer after `DistilledDraft.quantize_int8`, or an
   int8 target's (`specasr.models.whisper.quantize_target`) (fbgemm int8 products,
-  `specasr.cpu.linear.Int8Linear`). Same ops, same order: bitwise the eager layer (tested).
-- `fp32_layer_step`: a `specasr.cpu.lean.LeanDecoder` layer (the target on CPU), for passes
-  of up to `specasr.cpu.linear.MANY_ROWS` rows, where its products are x·Wᵀ with a
+  `specasr.backends.cpu.linear.Int8Linear`). Same ops, same order: bitwise the eager layer (tested).
+- `fp32_layer_step`: a `specasr.runtime.runner.LeanDecoder` layer (the target on CPU), for passes
+  of up to `specasr.backends.cpu.linear.MANY_ROWS` rows, where its products are x·Wᵀ with a
   contiguous Wᵀ. It agrees with the eager layer to about 1e-6 (tested): the target stays
-  the target, as with the product forms of `specasr.cpu.linear`.
+  the target, as with the product forms of `specasr.backends.cpu.linear`.
 
 Both are faster than the eager layers for one-token and few-token passes, by the Python
 they remove; how much depends on the machine, so the measured times are in
@@ -38,14 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specasr.models.cache import default_cache_root, store
+from specasr.cache import default_cache_root, store
 
 
 def _lin(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:  # noqa: UP045 (TorchScript)
     """x [rows, in] -> [rows, out]: through oneDNN when w is a packed weight
-    (`specasr.cpu.linear.PackedLinear`), else x · Wᵀ with w = Wᵀ [in, out] contiguous
-    (`specasr.cpu.linear.TransposedLinear`); + b."""
-    if w.dtype == torch.uint8:  # fbgemm's packed fp16 (`specasr.cpu.linear.HalfPackedLinear`)
+    (`specasr.backends.cpu.linear.PackedLinear`), else x · Wᵀ with w = Wᵀ [in, out] contiguous
+    (`specasr.backends.cpu.linear.TransposedLinear`); + b."""
+    if w.dtype == torch.uint8:  # fbgemm's packed fp16 (`specasr.backends.cpu.linear.HalfPackedLinear`)
         assert b is not None  # the form always holds a bias (zeros when the layer has none)
         return torch.fbgemm_linear_fp16_weight_fp32_activation(x, w, b)
     if w.is_mkldnn:
@@ -153,7 +153,7 @@ def fixed_attend(
     A BLAS product's summation order depends on its shape: one query row goes through a
     matrix-vector kernel, a few more through small-matrix kernels, and from some row count
     on every row through the same blocked GEMM. `rows` is that count for this machine's BLAS
-    (`specasr.cpu.invariant.fixed_rows` finds it): fewer query rows are padded with zero
+    (`specasr.backends.cpu.invariant.fixed_rows` finds it): fewer query rows are padded with zero
     rows up to it. chunk = 0: N is the same in every call (cross-attention's 1500 frames).
     chunk > 0 (self-attention, N a multiple of it, keys past a row's position masked): the
     scores and softmax of a row do not depend on N (masked keys weigh exactly 0), but the
@@ -400,9 +400,9 @@ def scripted(kind: str):
     return compiled
 
 
-def int8_args(layer) -> tuple:
+def int8_args(layer, fixed_rows: int = 0) -> tuple:
     """A quantized `layers.DecoderLayer`'s tensors and packed products (`linear.Int8Linear`),
-    in `int8_layer_step` order."""
+    in `int8_layer_step` order. fixed_rows: an int8 target's row-invariant attention (0: plain)."""
     a, c = layer.self_attn, layer.encoder_attn
     q8 = (a.qkv_proj, a.out_proj, c.q_proj, c.out_proj, layer.fc1, layer.fc2)
     (qkv, qkv_b), (out, out_b), (cq, cq_b), (co, co_b), (f1, f1_b), (f2, f2_b) = (
@@ -428,7 +428,7 @@ def int8_args(layer) -> tuple:
         f2,
         f2_b,
         layer.fc1.per_row,
-        layer.fixed_rows,
+        fixed_rows,
     )
 
 
@@ -446,3 +446,36 @@ def fp32_args(layer, few: bool = False) -> tuple:
     norm = (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
     (n1w, n1b), (n2w, n2b), (n3w, n3b) = ((n.weight, n.bias) for n in norm)
     return (n1w, n1b, *q, *k, *v, *o, n2w, n2b, *cq, *co, n3w, n3b, *f1, *f2)
+
+
+class ScriptedStep:
+    """A layer's cached passes as one scripted function (`fp32_layer_step` or
+    `int8_layer_step`): passes of up to `max_rows` rows (B·T) run `fn` with the layer's weight
+    arguments `args` (or, up to `few_rows` rows, `few`, fbgemm's fp16-packed forms); others,
+    and passes without a cache, run the reference layer itself. One of the layer forms
+    `specasr.runtime.forms` chooses at load; the layer is not changed."""
+
+    def __init__(
+        self, layer, fn, args: tuple, max_rows: float, few: tuple = (), few_rows: int = 0, fixed_rows: int = 0
+    ) -> None:
+        self.layer, self.fn, self.args, self.max_rows = layer, fn, args, max_rows
+        self.few, self.few_rows = few, few_rows if few else 0
+        self.fixed_rows = fixed_rows  # passed to the reference layer for passes above max_rows
+        self.heads, self.eps = layer.heads, layer.self_attn_layer_norm.eps
+
+    def __call__(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        mask: Tensor | None,
+        cache,
+        start: int,
+        write: Tensor | None,
+    ) -> Tensor:
+        """x [B, T, d] -> [B, T, d], as `DecoderLayer.forward` with these arguments."""
+        rows = x.shape[0] * x.shape[1]
+        if cache is None or rows > self.max_rows:
+            return self.layer(x, cross_k, cross_v, mask, cache, start, write, self.fixed_rows)
+        weights = self.few if rows <= self.few_rows else self.args
+        return self.fn(x, *weights, *cache, cross_k, cross_v, mask, start, write, self.heads, self.eps)

@@ -1,17 +1,17 @@
-"""A lean decoder loop: preallocated KV cache, plain torch layers, fast CPU products.
+"""The runner every device uses: one decoder's preallocated KV cache and its passes.
 
-`LeanRunner` runs any decoder that offers `layers` (`specasr.models.layers.DecoderLayer`s),
-`heads`, `d_model`, `embed(tokens, start)` and `logits(hidden)`. Two do:
+`LeanRunner` runs any decoder that offers `layers` (`specasr.runtime.layers.DecoderLayer`s),
+`heads`, `d_model`, `embed(tokens, start)` and `logits(hidden)`, each layer through the step
+its layer form gives (`specasr.runtime.forms`). Three decoders do:
 
+- the model's own `specasr.models.whisper.WhisperDecoder` (CUDA, fp16: the reference layers);
 - `specasr.models.draft.DistilledDraft`, the distilled draft;
-- `LeanDecoder`, a view of a Hugging Face Whisper decoder for CPU. It shares the model's
-  layer norms, embeddings and positions, and holds its matrices as `specasr.cpu.linear`
-  products. It computes the same function as the Hugging Face module in fp32, up to the
-  order of summation inside the products: the target stays the target. What it saves is
-  time, mostly at 2+ tokens per pass. The output projection no longer repacks its weight
-  on every call (`linear.WideLinear`), the layers use contiguous Wᵀ, and there is no
-  module tree, cache object or mask builder. How much that is depends on the machine: the
-  step costs `python -m specasr.research.speedup` measures are in docs/benchmarks.md.
+- `LeanDecoder`, a CPU view of a Whisper decoder. It shares the model's layer norms,
+  embeddings and positions, and holds its matrices as `specasr.backends.cpu.linear` products
+  (packed, Wᵀ or int8). In fp32 it computes the same function as the reference layers, up to
+  the order of summation inside the products: the target stays the target. The output
+  projection does not repack its weight on every call, and there is no module tree, cache
+  object or mask builder between the ops.
 
 The cache is indexed by position, so rollback moves a length and recomputes nothing. Each
 row has its own length (ragged rows): a batch whose rows accepted different numbers of
@@ -22,25 +22,17 @@ scatters each row's keys and values to its own positions and masks per row [B, 1
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specasr.backends.cpu.linear import Int8Linear, PackedLinear, TransposedLinear, head_form, shared_form
+from specasr.backends.cpu.scripted import fixed_mask, plain_calls
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.linear import (
-    FEW_ROWS,
-    MANY_ROWS,
-    Int8Linear,
-    PackedLinear,
-    TransposedLinear,
-    head_form,
-    shared_form,
-)
-from specasr.cpu.scripted import fixed_mask, fp32_args, int8_args, plain_calls, scripted
-from specasr.models.layers import DecoderLayer, embed
+from specasr.runtime.forms import LayerForm, choose
+from specasr.runtime.layers import DecoderLayer, embed
 
 
 def _form(linear: nn.Module) -> nn.Module:
@@ -50,25 +42,21 @@ def _form(linear: nn.Module) -> nn.Module:
 
 
 class LeanDecoder:
-    """A Whisper decoder as plain layers with `specasr.cpu.linear` products (CPU, fp32
-    activations; fp32 or, for an int8 target, per-row int8 weights)."""
+    """A Whisper decoder as plain layers with `specasr.backends.cpu.linear` products (CPU, fp32
+    activations; fp32 or, for an int8 target, per-row int8 weights), run in one layer form
+    (`specasr.runtime.forms`)."""
 
-    def __init__(self, model, script: bool = True) -> None:
-        """script: passes of up to MANY_ROWS rows (an int8 target: any number) run each layer
-        as one TorchScript function (`specasr.cpu.scripted.fp32_layer_step` or
-        `int8_layer_step`), the same maths without Python between the ops."""
+    def __init__(self, model, script: bool = True, form: LayerForm | None = None) -> None:
+        """form: how the layers run (`specasr.runtime.forms`), as the load chose it; None:
+        chosen here the same way (script False: the reference layers)."""
         cfg, dec = model.config, model.model.decoder
         self.d_model, self.heads = cfg.d_model, cfg.decoder_attention_heads
         self.layers = nn.ModuleList()
-        int8 = isinstance(dec.layers[0].fc1, Int8Linear)  # `models.whisper.quantize_target`
-        step = scripted("int8" if int8 else "fp32") if script else None
         for hf in dec.layers:
-            layer = DecoderLayer.__new__(DecoderLayer)  # no fresh weights: every part is the model's
-            nn.Module.__init__(layer)
-            layer.heads, layer.dh = self.heads, self.d_model // self.heads
-            layer.fixed_rows = getattr(hf, "fixed_rows", 0)
-            for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
-                setattr(layer, name, getattr(hf, name))
+            parts = {
+                n: getattr(hf, n)
+                for n in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
+            }
             for name in ("self_attn", "encoder_attn"):  # fresh containers: the model keeps its own
                 box = nn.Module()
                 for proj in ("qkv_proj", "q_proj", "k_proj", "v_proj", "out_proj"):
@@ -79,13 +67,12 @@ class LeanDecoder:
                         box.add_module(proj, linear)  # only ever 1500 rows (cross K/V): plain F.linear
                     else:
                         box.add_module(proj, _form(linear))
-                setattr(layer, name, box)
-            layer.fc1, layer.fc2 = _form(hf.fc1), _form(hf.fc2)
-            if step is not None and int8:
-                layer.use_script(step, int8_args(layer), max_rows=math.inf)  # int8 at any row count
-            elif step is not None:  # F.linear above MANY_ROWS; fp16-packed up to FEW_ROWS, if held
-                layer.use_script(step, fp32_args(layer), MANY_ROWS, fp32_args(layer, few=True), FEW_ROWS)
-            self.layers.append(layer)
+                parts[name] = box
+            parts["fc1"], parts["fc2"] = _form(hf.fc1), _form(hf.fc2)
+            # no fresh weights: every part is the model's
+            self.layers.append(DecoderLayer(self.d_model, self.heads, 0, parts=parts))
+        self.form = form if form is not None else choose(self.layers, script, lean=True)
+        self.steps = self.form.steps(self.layers)
         self.embed_tokens = dec.embed_tokens.weight  # [V, d]
         self.positions = dec.embed_positions.weight  # [448, d]
         self.layer_norm = dec.layer_norm
@@ -126,7 +113,7 @@ class LeanDecoder:
 
 
 class CrossProducts:
-    """Every decoder layer's bf16 cross-attention K/V projection (`specasr.cpu.bf16.Bf16Linear`,
+    """Every decoder layer's bf16 cross-attention K/V projection (`specasr.backends.cpu.bf16.Bf16Linear`,
     compute types bfloat16 and int8_bfloat16) as one product for all keys and one for all
     values, [S, d] × [d, L·d] each, where layer by layer a window's set-up ran 2L products of
     [S, d] × [d, d]: on the 2-core Xeon (int8_bfloat16, base) about 37 → 20 ms a window
@@ -147,7 +134,7 @@ class CrossProducts:
 
     @classmethod
     def of(cls, layers) -> CrossProducts | None:
-        from specasr.cpu.bf16 import Bf16Linear
+        from specasr.backends.cpu.bf16 import Bf16Linear
 
         projs = [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj) for layer in layers]
         if not projs or {type(p) for pair in projs for p in pair} != {Bf16Linear}:
@@ -202,16 +189,33 @@ CrossProducts.NONE = CrossProducts(torch.empty(0), torch.empty(0), None, None)
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (head, its weight, LeanDecoder)
 
 
-def lean_decoder(model) -> LeanDecoder:
+def lean_decoder(model, form: LayerForm | None = None) -> LeanDecoder:
     """The model's LeanDecoder, built once per model (its weights are frozen) and again when
     its head or head weight is replaced (`Whisper.use_head_form`, e.g. by
-    `specasr.models.whisper.use_half_weights`). Kept beside the model, not on it: oneDNN's
-    packed weight cannot be deep-copied."""
+    `specasr.models.whisper.use_half_weights`) or another layer form is asked for. Kept
+    beside the model, not on it: oneDNN's packed weight cannot be deep-copied."""
     cached = _LEAN.get(model)
-    if cached is None or cached[0] is not model.proj_out or cached[1] is not model.proj_out.weight:
-        cached = (model.proj_out, model.proj_out.weight, LeanDecoder(model))
+    if (
+        cached is None
+        or cached[0] is not model.proj_out
+        or cached[1] is not model.proj_out.weight
+        or (form is not None and cached[2].form != form)
+    ):
+        cached = (model.proj_out, model.proj_out.weight, LeanDecoder(model, form=form))
         _LEAN[model] = cached
     return cached[2]
+
+
+def decoder_form(model) -> LayerForm:
+    """The layer form a model's runner runs (`specasr.runtime.forms`): a distilled draft's
+    own (`DistilledDraft.form`), a CPU fp32 Whisper's `LeanDecoder` view's, else the reference
+    layers of the model's own decoder."""
+    own = getattr(model, "form", None)
+    if isinstance(own, LayerForm):
+        return own
+    if LeanDecoder.supports(model):
+        return lean_decoder(model).form
+    return choose(model.model.decoder.layers)
 
 
 # rows before a pass's scored ones from which its last layer computes only their keys and
@@ -219,7 +223,7 @@ def lean_decoder(model) -> LeanDecoder:
 SKIP_ROWS = 8
 
 
-# the most tokens a one-row draft pass feeds through its fused C step (`specasr.cpu.fused`),
+# the most tokens a one-row draft pass feeds through its fused C step (`specasr.backends.cpu.fused`),
 # one call per token: the loop's feeds after a verify pass (1–2 tokens); a window's prompt
 # (tens of tokens) runs faster as one torch pass
 FUSED_TOKENS = 4
@@ -230,15 +234,26 @@ class LeanRunner:
     `specasr.decode.runners.Runner` Protocol (call, rollback, keep, lengths): every row at
     its own length."""
 
-    def __init__(self, decoder, states: Tensor, cross: list | None = None) -> None:
+    def __init__(
+        self, decoder, states: Tensor, cross: list | None = None, form: LayerForm | None = None
+    ) -> None:
         """cross: per layer precomputed cross K, V [B, H, S, dh] for these states, or None to
-        compute it."""
+        compute it. form: how the layers run (`specasr.runtime.forms`); None: the decoder's
+        own (`LeanDecoder.form`), else chosen from its layers."""
         self.decoder = decoder
         self.states = states  # [B, S, d]
         B = states.shape[0]
         self.lengths = [0] * B  # per row: positions the cache holds
-        # an int8 target's layers attend row-invariantly over a `fixed_mask` (`specasr.cpu.invariant`)
-        self.fixed = getattr(decoder.layers[0], "fixed_rows", 0) > 0
+        if form is None and isinstance(decoder, LeanDecoder):
+            self.steps = decoder.steps
+            form = decoder.form
+        else:
+            own = getattr(decoder, "form", None)  # a distilled draft's, chosen at its load
+            form = form or (own if isinstance(own, LayerForm) else choose(decoder.layers))
+            self.steps = form.steps(decoder.layers)
+        self.form = form
+        # an int8 target's layers attend row-invariantly over a `fixed_mask` (`backends.cpu.invariant`)
+        self.fixed = form.fixed_rows > 0
         cross = cross or [None] * len(decoder.layers)
         with torch.inference_mode():  # per layer K [B, H, S, dh] (fixed: Kᵀ [B, H, dh, S]), V [B, H, S, dh]
             if all(kv is None for kv in cross) and isinstance(decoder, LeanDecoder):
@@ -251,7 +266,9 @@ class LeanRunner:
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
-        fused = getattr(decoder, "fused", None)  # a draft's one-token step in C (`specasr.cpu.fused`)
+        fused = getattr(
+            decoder, "fused", None
+        )  # a draft's one-token step in C (`specasr.backends.cpu.fused`)
         self._fused = fused.state(self.k, self.v, self.cross) if fused is not None and B == 1 else None
 
     @property
@@ -287,16 +304,16 @@ class LeanRunner:
             x, mask, write = self._ragged(tokens, P)
             if self.fixed:
                 mask = fixed_mask(write[:, 0, :, 0], N_TEXT_CTX)
-        layers = list(zip(self.decoder.layers, self.k, self.v, self.cross))
+        layers = list(zip(self.decoder.layers, self.steps, self.k, self.v, self.cross))
         with plain_calls():  # the layers and the head (an int8 one too)
-            for layer, K, V, (ck, cv) in layers[:-1]:
-                x = layer(x, ck, cv, mask, cache=(K, V), start=start, write=write)
-            layer, K, V, (ck, cv) = layers[-1]
+            for _, step, K, V, (ck, cv) in layers[:-1]:
+                x = step(x, ck, cv, mask, (K, V), start, write)
+            layer, step, K, V, (ck, cv) = layers[-1]
             skip = T - last if write is None and T - last >= SKIP_ROWS else 0
             if skip:  # a prompt: the last layer keeps only its rows' keys and values
                 layer.write_kv(x[:, :skip], K, V, start)
                 x, mask = x[:, skip:], self._tail_mask(mask, T, skip)
-            x = layer(x, ck, cv, mask, cache=(K, V), start=start + skip, write=write)
+            x = step(x, ck, cv, mask, (K, V), start + skip, write)
             self.lengths = [p + T for p in P]
             if reduced:
                 return self.decoder.reduced_logits(x[:, -last:])

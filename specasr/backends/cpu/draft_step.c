@@ -1,8 +1,8 @@
 /* One draft token, fused: a distilled draft's whole one-token step on CPU in one call.
  *
- * specasr.cpu.fused compiles this file on first use (gcc -O3 -march=native -fopenmp) and calls
+ * specasr.backends.cpu.fused compiles this file on first use (gcc -O3 -march=native -fopenmp) and calls
  * it through ctypes. It replaces, for one row and one new token, the ~40 small torch ops of
- * `specasr.cpu.scripted.int8_layer_step` (per layer) and the int8 head, whose fixed costs
+ * `specasr.backends.cpu.scripted.int8_layer_step` (per layer) and the int8 head, whose fixed costs
  * made up most of a draft step (docs/benchmarks.md). The maths is the draft's:
  *
  *   x = embed[token] + positions[pos]

@@ -30,7 +30,7 @@ product cheaper. Two kinds:
   fbgemm quantises the block, and an anchor row pins fbgemm's range to exactly [-1, 1], so
   every row is quantised on its own fixed grid and its integer product is exact: a row's
   result is bitwise the same whatever rows share the call (with row-invariant attention,
-  `specasr.cpu.invariant`, this makes speculative decoding of an int8 target exact).
+  `specasr.backends.cpu.invariant`, this makes speculative decoding of an int8 target exact).
   Weights take 7 bits (±63) so that full 8-bit
   activations cannot saturate the 16-bit pair sums of AVX2's u8·s8 product (fbgemm's
   `reduce_range` would instead halve the activations' grid).
@@ -50,7 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.cpu.scripted import int8_product  # the one definition: eager here, scripted in the layers
+from specasr.backends.cpu.scripted import (
+    int8_product,  # the one definition: eager here, scripted in the layers
+)
 
 MANY_ROWS = 64  # above this many rows a product is compute-bound and F.linear's blocking wins
 FEW_ROWS = 8  # up to this many rows a layer's product is bound by reading its weight (`HalfPackedLinear`)
@@ -77,7 +79,7 @@ class TransposedLinear(nn.Module):
 
     @property
     def step_weight(self) -> Tensor:
-        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: Wᵀ [in, out]."""
+        """What `specasr.backends.cpu.scripted.fp32_layer_step` multiplies by: Wᵀ [in, out]."""
         return self.wt
 
     def forward(self, x: Tensor) -> Tensor:
@@ -146,7 +148,7 @@ class PackedLinear(nn.Module):
 
     @property
     def step_weight(self) -> Tensor:
-        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: the packed weight."""
+        """What `specasr.backends.cpu.scripted.fp32_layer_step` multiplies by: the packed weight."""
         return self.packed
 
     def forward(self, x: Tensor) -> Tensor:
@@ -271,7 +273,7 @@ class HalfPackedLinear(nn.Module):
 
     @property
     def step_weight(self) -> Tensor:
-        """What `specasr.cpu.scripted.fp32_layer_step` multiplies by: the packed fp16 weight."""
+        """What `specasr.backends.cpu.scripted.fp32_layer_step` multiplies by: the packed fp16 weight."""
         return self.packed
 
     def forward(self, x: Tensor) -> Tensor:
@@ -458,7 +460,7 @@ class Int8Linear(nn.Module):
         self, weight: Tensor, bias: Tensor | None, per_row: bool = False, keep: bool = False
     ) -> None:
         """keep: also hold the int8 rows, their scales and the bias as `kept` (what a draft's
-        fused C step reads, `specasr.cpu.fused`), instead of quantising twice."""
+        fused C step reads, `specasr.backends.cpu.fused`), instead of quantising twice."""
         super().__init__()
         levels = 63 if per_row else 127  # per row: 7-bit weights, full-range activations
         b = None if bias is None else bias.detach().float().cpu()

@@ -14,7 +14,7 @@ how often the target accepts a proposal, never the transcript, which the target 
 Passes over several tokens or rows, and a machine without a C compiler, keep the torch path.
 `SPECASR_FUSED_DRAFT=0` turns it off.
 
-`LeanRunner` calls it (`specasr.cpu.lean`): the library reads and writes the runner's own
+`LeanRunner` calls it (`specasr.runtime.runner`): the library reads and writes the runner's own
 tensors (its self-attention cache at the token's position, its cross K/V), so the two paths
 can alternate within one decode.
 """
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specasr.cpu.linear import Int8Linear
-from specasr.models.cache import default_cache_root, store
+from specasr.backends.cpu.linear import Int8Linear
+from specasr.cache import default_cache_root, store
 
 SOURCE = "draft_step.c"
 MAX_THREADS = 8
@@ -90,7 +90,7 @@ def library() -> ctypes.CDLL | None:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         return None
-    source = files("specasr.cpu").joinpath(SOURCE).read_bytes()
+    source = files("specasr.backends.cpu").joinpath(SOURCE).read_bytes()
     # the compiler's path but not its version: asking costs every process a subprocess, and
     # a library built by an older compiler still runs
     parts = [source, cc.encode(), _cpu_key().encode(), " ".join(FLAGS).encode()]

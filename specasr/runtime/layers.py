@@ -1,12 +1,12 @@
 """Whisper's pre-norm decoder layer as plain torch, shared by the distilled draft and the
-target's CPU view (`specasr.cpu.lean.LeanDecoder`).
+target's CPU view (`specasr.runtime.runner.LeanDecoder`). It is the reference: the faster
+forms of a layer (`specasr.runtime.forms`) compute the same function and are tested against it.
 
 The parameter names equal transformers' `WhisperDecoderLayer`, so a Hugging Face layer's
 state dict loads as it is. The self-attention cache is preallocated and indexed by
-position (`specasr.cpu.lean.LeanRunner`), so a rollback moves a length and recomputes
+position (`specasr.runtime.runner.LeanRunner`), so a rollback moves a length and recomputes
 nothing. Rows of a batch may sit at different positions (ragged rows): their keys and
-values are scattered to each row's own positions and a per-row mask hides the rest. On CPU
-a layer may run as one TorchScript function (`specasr.cpu.scripted`).
+values are scattered to each row's own positions and a per-row mask hides the rest.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.cpu.scripted import fixed_attend, fixed_self_attend, write_cache
+from specasr.backends.cpu.scripted import fixed_attend, fixed_self_attend, write_cache
 
 
 @contextmanager
@@ -56,42 +56,41 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(d, d, device=device)
 
 
+# a layer's modules, in the names of transformers' WhisperDecoderLayer
+PARTS = (
+    "self_attn",
+    "encoder_attn",
+    "self_attn_layer_norm",
+    "encoder_attn_layer_norm",
+    "final_layer_norm",
+    "fc1",
+    "fc2",
+)
+
+
 class DecoderLayer(nn.Module):
-    """One pre-norm Whisper decoder layer; state_dict keys equal transformers' WhisperDecoderLayer."""
+    """One pre-norm Whisper decoder layer, the reference every faster form of it
+    (`specasr.runtime.forms`) is tested against; state_dict keys equal transformers'
+    WhisperDecoderLayer."""
 
-    # a scripted form of `forward` (`layer_steps`), its weight arguments, the most rows (B·T)
-    # it takes and the norms' eps; set by `use_script`. None (the default) = eager only
-    _step = None
-    _step_args: tuple = ()
-    _step_rows: float = 0
-    # weight arguments for passes of at most `_few_rows` rows (fp16-packed products that
-    # read half the bytes, `specasr.cpu.linear.HalfPackedLinear`); () = `_step_args` always
-    _few_args: tuple = ()
-    _few_rows: int = 0
-    _step_eps = 1e-5
-    # an int8 target's layer (`specasr.models.whisper.quantize_target`): cached passes attend
-    # through `specasr.cpu.scripted.fixed_attend` with at least this many query rows per
-    # product, every row bitwise alike whatever shares the pass, so a verify pass scores
-    # each token as a one-token step does (`specasr.cpu.invariant`); 0: plain attention
-    fixed_rows = 0
-
-    def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
-        """device: where to allocate the (uninitialised-to-be-loaded) weights; "meta" for none."""
+    def __init__(
+        self, d: int, heads: int, ffn: int, device=None, parts: dict[str, nn.Module] | None = None
+    ) -> None:
+        """device: where to allocate the (uninitialised-to-be-loaded) weights; "meta" for none.
+        parts: the layer's modules by name (`self_attn`, `encoder_attn`, the three norms,
+        `fc1`, `fc2`), given instead of fresh ones: a view of another layer's weights in other
+        product forms (`specasr.runtime.runner.LeanDecoder`)."""
         super().__init__()
         self.heads, self.dh = heads, d // heads
+        if parts is not None:
+            for name in PARTS:
+                self.add_module(name, parts[name])
+            return
         self.self_attn, self.encoder_attn = Attention(d, device), Attention(d, device)
         self.self_attn_layer_norm = nn.LayerNorm(d, device=device)
         self.encoder_attn_layer_norm = nn.LayerNorm(d, device=device)
         self.final_layer_norm = nn.LayerNorm(d, device=device)
         self.fc1, self.fc2 = nn.Linear(d, ffn, device=device), nn.Linear(ffn, d, device=device)
-
-    def use_script(self, step, args: tuple, max_rows: float, few: tuple = (), few_rows: int = 0) -> None:
-        """Run cached passes of up to `max_rows` rows (B·T) through `step`, a scripted
-        `specasr.cpu.scripted` function, with this layer's weight arguments `args`; passes of
-        up to `few_rows` rows with the arguments `few` instead, when given."""
-        self._step, self._step_args, self._step_rows = step, args, max_rows
-        self._few_args, self._few_rows = few, few_rows if few else 0
-        self._step_eps = self.self_attn_layer_norm.eps
 
     def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
         return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
@@ -99,7 +98,7 @@ class DecoderLayer(nn.Module):
     def cross_kv(self, states: Tensor, kt: bool = False) -> tuple[Tensor, Tensor]:
         """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
         step, and a strided K/V would be copied by every call. kt: Kᵀ [B, H, dh, S] instead,
-        what a cached pass of a layer with `fixed_rows` reads (`specasr.cpu.lean.LeanRunner`)."""
+        what a cached pass of a layer with `fixed_rows` reads (`specasr.runtime.runner.LeanRunner`)."""
         a = self.encoder_attn
         v = self._split(a.v_proj(states)).contiguous()
         if kt and type(a.k_proj) is nn.Linear:  # Kᵀ = W · statesᵀ: one product, no transposing copy
@@ -113,7 +112,7 @@ class DecoderLayer(nn.Module):
     def write_kv(self, x: Tensor, K: Tensor, V: Tensor, start: int) -> None:
         """Only the self-attention keys and values of x [B, T, d] (rows alike, at positions
         start … start+T-1), written into the cache K, V [B, H, 448, dh]: what a layer keeps
-        of rows whose own outputs nothing reads (`specasr.cpu.lean.LeanRunner`'s last layer
+        of rows whose own outputs nothing reads (`specasr.runtime.runner.LeanRunner`'s last layer
         over a prompt). The same products as `forward`'s, per row: an int8 target's rows
         are bitwise those a whole pass writes."""
         a = self.self_attn
@@ -133,6 +132,7 @@ class DecoderLayer(nn.Module):
         cache: tuple[Tensor, Tensor] | None = None,  # preallocated self-attention K, V [B, H, 448, dh]
         start: int = 0,
         write: Tensor | None = None,  # ragged rows: cache positions [B, H, T, dh] (a scatter index)
+        fixed_rows: int = 0,  # > 0: an int8 target's row-invariant attention (`fixed_attend`)
     ) -> Tensor:
         """One layer. With a cache, this block's keys and values are written at positions
         start … start+T-1 and attention reads positions 0 … start+T-1; without one (teacher
@@ -140,11 +140,6 @@ class DecoderLayer(nn.Module):
         holds each row's own positions, `start` is the greatest row start, and the mask
         [B, 1, T, start+T] hides every key past a query's own position."""
         T, scale = x.shape[1], self.dh**-0.5
-        rows = x.shape[0] * T
-        if cache is not None and self._step is not None and rows <= self._step_rows:
-            args = (*cache, cross_k, cross_v, mask, start, write, self.heads, self._step_eps)
-            weights = self._few_args if rows <= self._few_rows else self._step_args
-            return self._step(x, *weights, *args)
         a = self.self_attn
         h = self.self_attn_layer_norm(x)  # once: it feeds q, k and v
         if hasattr(a, "qkv_proj"):  # fused (`fuse_qkv`): one product instead of three
@@ -153,9 +148,9 @@ class DecoderLayer(nn.Module):
         else:
             q = self._split(a.q_proj(h) * scale)
             k, v = self._split(a.k_proj(h)), self._split(a.v_proj(h))
-        fixed = cache is not None and self.fixed_rows > 0  # an int8 target; mask: `fixed_mask`
+        fixed = cache is not None and fixed_rows > 0  # an int8 target; mask: `fixed_mask`
         if fixed:
-            y = fixed_self_attend(q, k, v, *cache, mask, start, write, self.fixed_rows).view(x.shape)
+            y = fixed_self_attend(q, k, v, *cache, mask, start, write, fixed_rows).view(x.shape)
         else:
             if cache is not None:
                 K, V = cache
@@ -167,7 +162,7 @@ class DecoderLayer(nn.Module):
         c = self.encoder_attn
         q = self._split(c.q_proj(self.encoder_attn_layer_norm(x)) * scale)
         if fixed:
-            y = fixed_attend(q, cross_k, cross_v, None, self.fixed_rows, 0, True)  # cross_k: Kᵀ
+            y = fixed_attend(q, cross_k, cross_v, None, fixed_rows, 0, True)  # cross_k: Kᵀ
         else:  # a draft's cross K/V may be bf16 (`DistilledDraft.cross_dtype`): q meets them there
             y = F.scaled_dot_product_attention(q.to(cross_k.dtype), cross_k, cross_v, scale=1.0).to(x.dtype)
         x = x + c.out_proj(y.transpose(1, 2).reshape(x.shape))

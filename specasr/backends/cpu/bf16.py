@@ -88,7 +88,7 @@ def bf16_cross_kv(decoder: nn.Module) -> nn.Module:
     """Makes a Whisper decoder's cross-attention K/V projections bf16 products with fp32
     outputs, in place: they run once per window over its 1500 frames, as the encoder does
     (the window's set-up: 50 ms of base's fp32 products on the Zen 4 box). Every step then
-    reads the same fp32 K/V, so a target's passes stay row-invariant (`specasr.cpu.invariant`)."""
+    reads the same fp32 K/V, so a target's passes stay row-invariant (`specasr.backends.cpu.invariant`)."""
     for layer in decoder.layers:
         a = layer.encoder_attn
         for name in ("k_proj", "v_proj"):

@@ -6,9 +6,9 @@ another order), which changes no greedy token in practice. An int8 target quanti
 activation row, and a last-bit difference that crosses a rounding boundary moves a value by
 a whole quantisation step: the two passes then pick different tokens. So an int8 target's
 decoder is built from pieces whose every row is bitwise the same whatever else shares the
-pass: per-row int8 products (integer sums are exact, `specasr.cpu.linear.Int8Linear`),
+pass: per-row int8 products (integer sums are exact, `specasr.backends.cpu.linear.Int8Linear`),
 per-row layer norms and softmax, elementwise GELU, and attention products that always run
-through one kernel (`specasr.cpu.scripted.fixed_attend`).
+through one kernel (`specasr.backends.cpu.scripted.fixed_attend`).
 
 BLAS libraries pick a kernel by shape: one query row goes through a matrix-vector kernel, a
 few rows through small-matrix kernels, and from some row count on every row of a product is
@@ -26,8 +26,8 @@ import functools
 
 import torch
 
+from specasr.backends.cpu.scripted import SELF_CHUNK, fixed_attend
 from specasr.constants import N_TEXT_CTX
-from specasr.cpu.scripted import SELF_CHUNK, fixed_attend
 
 CANDIDATES = (4, 8, 16, 32)  # least query rows per attention product, tried in turn
 # (keys, chunk): the self-attention cache in SELF_CHUNK products; encoder frames (a 30 s window)
@@ -44,7 +44,7 @@ def _row_invariant(rows: int, keys: int, chunk: int, g: torch.Generator) -> bool
     pos = torch.randint(0, keys, (B, T), generator=g)  # a key position per query row
     pos[:, :20] %= 3 * max(chunk, 1)  # half the rows early in the cache, where passes read few chunks
     mask = (torch.arange(keys) <= pos[:, :, None]).unsqueeze(1)  # [B, 1, T, N]
-    kt = chunk == 0  # cross-attention reads Kᵀ (`specasr.models.layers.DecoderLayer.cross_kv`)
+    kt = chunk == 0  # cross-attention reads Kᵀ (`specasr.runtime.layers.DecoderLayer.cross_kv`)
     if kt:
         K = K.transpose(2, 3).contiguous()  # [B, H, dh, N]
     full = fixed_attend(q, K, V, mask, rows, chunk, kt)

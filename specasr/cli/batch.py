@@ -1,0 +1,196 @@
+"""One CLI batch of files, transcribed one by one: output names, locks, skips, provenance and
+the per-file error report (a failure is counted, never raised). Shared by the local run
+(`cli.transcribe`) and the Ray actors (`cli.transcribe_ray`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from specasr.cli.common import check_loaded
+from specasr.writers import SubtitleOptions
+
+
+def output_stems(files: list[str]) -> list[str]:
+    """Output name per input, stable and unique for a set of inputs in any order: its path
+    relative to the common parent folder of all the inputs, without its audio suffix
+    (A/x.wav, B/x.wav -> "A/x", "B/x"; one input -> its stem). Inputs that would still share
+    a name (x.wav and x.mp3 in one folder) keep their suffix ("x.wav", "x.mp3"); any left
+    after that get a short hash of their absolute path."""
+    if not files:
+        return []
+    absolute = [os.path.abspath(f) for f in files]
+    root = os.path.commonpath([os.path.dirname(a) for a in absolute])
+    relative = [Path(os.path.relpath(a, root)) for a in absolute]
+    stems = [r.with_name(r.stem).as_posix() for r in relative]
+    counts = Counter(stems)
+    stems = [r.as_posix() if counts[s] > 1 else s for r, s in zip(relative, stems)]
+    counts = Counter(stems)
+    return [
+        s if counts[s] == 1 else f"{s}-{hashlib.sha1(a.encode()).hexdigest()[:8]}"
+        for s, a in zip(stems, absolute)
+    ]
+
+
+class Batch:
+    """Transcribes files one by one; failures are reported and counted, never raised."""
+
+    def __init__(self, pair, options, formats, output_dir, skip_existing, stats, n_inputs) -> None:
+        from specasr.stats import DecodeStats
+
+        self.pair, self.options, self.formats = pair, options, formats
+        self.output_dir, self.skip_existing, self.show_stats = output_dir, skip_existing, stats
+        self.n_inputs = n_inputs
+        self.done = self.failed = self.skipped = 0
+        self.audio_s = 0.0
+        self.total = DecodeStats()
+        self.quiet = not sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.started = time.time()
+        self.subtitles: SubtitleOptions | None = None  # srt/vtt layout of word-timed segments
+
+    def run(self, files: list[str]) -> None:
+        from tqdm import tqdm
+
+        dec = self.options.decode  # what only the loaded model can tell: exit 2, once, before any file
+        check_loaded(self.pair, dec.mode, dec.language, dec.task)
+        stems = output_stems(files)
+        self.clean_temps(stems)
+        busy = []
+        with tqdm(total=len(files), desc="files", unit="file", disable=self.quiet, position=0) as bar:
+            for path, stem in zip(files, stems):
+                if not self.one(path, stem, single=self.n_inputs == 1, last_try=False):
+                    busy.append((path, stem))  # another run is writing it: try again at the end
+                else:
+                    bar.update(1)
+            for path, stem in busy:
+                self.one(path, stem, single=False, last_try=True)
+                bar.update(1)
+
+    def clean_temps(self, stems: list[str]) -> None:
+        """Removes temporary files left in the output folders by runs that were killed."""
+        from specasr import writers
+
+        if self.output_dir is not None:
+            for folder in sorted({(Path(self.output_dir) / stem).parent for stem in stems}):
+                writers.clean_stale_temps(folder)
+
+    def _check_existing(self, path: str, stem: str, source: dict) -> str | None:
+        """What to do with `stem`'s existing outputs: "skip", "refuse" (another run wrote
+        them from another source during this run; reported), or None (transcribe)."""
+        from specasr import writers
+
+        paths = writers.output_paths(stem, self.output_dir, self.formats)
+        record = writers.provenance(stem, self.output_dir)
+        present = {fmt: record.get(fmt) for fmt, p in paths.items() if p.is_file()}
+        ours = [fmt for fmt, r in present.items() if r is not None and r["source"] == source]
+        if len(ours) == len(paths) and (
+            self.skip_existing or all(present[f].get("written_at", 0) >= self.started for f in ours)
+        ):
+            return "skip"  # with --skip-existing, or another run just made them from this same file
+        for fmt, r in present.items():
+            if r is None or r["source"] == source:
+                continue
+            other = r["source"].get("path", "another file")
+            if r.get("written_at", 0) >= self.started:
+                click.echo(
+                    f"error: {paths[fmt]} was written from {other} by another run while this one "
+                    f"ran; not overwritten with {path} (use another --output-dir)",
+                    err=True,
+                )
+                return "refuse"
+            click.echo(f"warning: overwriting {paths[fmt]}, made from {other}, with {path}", err=True)
+        return None
+
+    def one(self, path: str, stem: str, single: bool, last_try: bool = True) -> bool:
+        """Transcribes one input; False when its output name is locked by another run and
+        this is not the last try (the caller comes back to it)."""
+        from specasr import writers
+
+        if self.output_dir is None:
+            self._transcribe(path, stem, single, None)
+            return True
+        try:
+            with writers.output_lock(stem, self.output_dir):
+                try:
+                    source = writers.source_record(path)
+                except OSError as e:
+                    self._failed(path, e)
+                    return True
+                action = self._check_existing(path, stem, source)
+                if action == "skip":
+                    self.skipped += 1
+                elif action == "refuse":
+                    self.failed += 1
+                else:
+                    self._transcribe(path, stem, single, source)
+        except writers.OutputBusyError as e:
+            if not last_try:
+                return False
+            self._failed(path, e)
+        except OSError as e:  # the lock could not be made (an unwritable subfolder …)
+            self._failed(path, e)
+        return True
+
+    def _failed(self, path: str, e: Exception) -> None:
+        self.failed += 1
+        click.echo(f"error: {path}: {e}" if str(path) not in str(e) else f"error: {e}", err=True)
+
+    def _transcribe(self, path: str, stem: str, single: bool, source: dict | None) -> None:
+        from tqdm import tqdm
+
+        from specasr import writers
+        from specasr.transcription import transcribe
+
+        try:
+            segments, info = transcribe(path, self.pair, self.options)
+            done = []
+            with tqdm(
+                total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False, disable=self.quiet
+            ) as bar:
+                for seg in segments:
+                    done.append(seg)
+                    bar.update(round(seg.end, 1) - bar.n)
+            if self.output_dir is not None:
+                writers.write(
+                    done, info, stem, self.output_dir, self.formats, source=source, subtitles=self.subtitles
+                )
+            elif single:
+                if source is None and self.formats[0] == "json":
+                    source = writers.source_record(path)
+                click.echo(writers.render(self.formats[0], done, info, source, self.subtitles), nl=False)
+            else:
+                click.echo(f"{path}: " + " ".join(s.text.strip() for s in done))
+        except Exception as e:  # a batch reports the file and goes on, whatever went wrong
+            self._failed(path, e)
+            return
+        self.done += 1
+        self.audio_s += info.duration
+        self.total = self.total.merge(info.stats)
+        if self.show_stats:
+            click.echo(f"[{path}] {info.stats.summary()}", err=True)
+
+    def summary(self) -> str:
+        wall = time.perf_counter() - self.t0
+        rtf = wall / self.audio_s if self.audio_s else 0.0
+        t = self.total
+        alpha = "n/a"
+        if t.proposed:
+            alpha = f"{t.token_acceptance:.3f} (accepted/proposed {t.acceptance_rate:.3f})"
+        return (
+            f"files: {self.done} done, {self.skipped} skipped, {self.failed} failed"
+            + (
+                f", {left} not started"
+                if (left := self.n_inputs - self.done - self.skipped - self.failed)
+                else ""
+            )
+            + "; "
+            f"audio {self.audio_s:.1f} s, wall {wall:.1f} s, real-time factor {rtf:.3f}, "
+            f"α̂ per token {alpha}"
+        )

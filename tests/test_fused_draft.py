@@ -1,10 +1,16 @@
-"""The distilled draft's fused one-token step (`specasr.backends.cpu.fused`, `draft_step.c`) on the
+"""The distilled draft's fused one-token step (`specasr.backends.cpu.fused`, `draft_step.cpp`) on the
 packaged draft and base: it computes the torch int8 path's function (the same proposals
 almost always, logits within int8 rounding), shares the runner's cache with that path, and
-stays out of the way where it cannot run."""
+stays out of the way where it cannot run, or where the library and the module disagree on
+their ABI; built by torch.utils.cpp_extension, it runs on torch's one OpenMP runtime."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -16,13 +22,14 @@ from specasr.decode.loop import decode
 from specasr.decode.runners import make_runner
 from specasr.options import DecodeOptions
 
-# fbgemm's int8 products are the torch path it stands in for; a C compiler is a test
-# requirement (the README's test command installs gcc), so its absence fails here
+# fbgemm's int8 products are the torch path it stands in for; a C++ compiler and ninja are test
+# requirements (the README's test command installs gcc, ninja is a dependency), so their absence
+# fails here
 pytestmark = pytest.mark.skipif(not int8_available(), reason="needs fbgemm (x86-64 torch)")
 
 
 def test_the_library_builds_here():
-    assert fused.library() is not None, "no C compiler, or draft_step.c did not compile"
+    assert fused.library() is not None, "no C++ compiler or ninja, or draft_step.cpp did not compile"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +82,9 @@ def test_the_fused_step_proposes_what_the_torch_path_proposes(base_pair, draft, 
     for K, L in zip(fast.k + fast.v, slow.k + slow.v):
         p = fast.lengths[0]
         err = (K[:, :, :p] - L[:, :, :p]).abs().max() / L[:, :, :p].abs().max()
-        assert err < 0.05, float(err)
+        # fbgemm and the C step quantise the inputs on different grids (per call, per row) and
+        # round differently where the CPU has no VNNI: a few int8 steps of the largest value
+        assert err < 0.08, float(err)
 
 
 def test_fed_tokens_and_torch_passes_share_one_cache(base_pair, draft, window):
@@ -126,20 +135,65 @@ def test_it_stays_off_without_a_compiler_or_when_turned_off(monkeypatch, tmp_pat
     assert build() is None
     monkeypatch.undo()
     monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert build() is None
     assert any("did not compile" in str(w.message) for w in caught)
-    assert not list((tmp_path / "fused").glob("*.so"))  # nothing half-written is left
-    assert len(list((tmp_path / "fused").glob("*.failed"))) == 1  # the compiler's message, kept
+    left = [p.suffix for p in (tmp_path / "fused").iterdir()]
+    assert left == [".failed"]  # the compiler's message, kept; nothing half-built is left
     calls = []
-    monkeypatch.setattr(fused.subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda *a, **k: calls.append(a))
     assert build() is None and calls == []  # a failed build is not tried again
     monkeypatch.undo()
     monkeypatch.setenv("SPECASR_CACHE", str(tmp_path))
     lib = build()  # and the real compiler builds it into this cache
     assert lib is not None and len(list((tmp_path / "fused").glob("*.so"))) == 1
+    assert not list((tmp_path / "fused").glob(".build-*"))  # the builder's objects are gone
+
+
+def test_a_library_of_another_abi_is_refused(monkeypatch, draft):
+    """The library reports its ABI number and sizeof(Dims); where either differs from this
+    module's, it warns and the draft keeps the torch path."""
+    assert fused.library() is not None
+    monkeypatch.setattr(fused, "ABI", fused.ABI + 1)
+    monkeypatch.setattr(fused, "library", functools.cache(fused.library.__wrapped__))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fused.FusedDraft.of(draft) is None
+    assert any(f"ABI is {fused.ABI - 1}, this module's {fused.ABI}" in str(w.message) for w in caught)
+    monkeypatch.undo()
+
+    class Wider(ctypes.Structure):
+        _fields_ = [*fused._Dims._fields_, ("extra", ctypes.c_int32)]
+
+    monkeypatch.setattr(fused, "_Dims", Wider)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fused.library.__wrapped__() is None
+    assert any("Dims is" in str(w.message) for w in caught)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_one_openmp_runtime_is_mapped_with_the_library():
+    """The library links the OpenMP runtime torch loaded (by its path), not the compiler's
+    libgomp beside it: a process that loads both maps one runtime file."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from specasr.backends.cpu import fused
+        assert fused.library() is not None
+        torch.ones(1 << 20).sum()  # torch's own parallel code, on its runtime
+        for line in open("/proc/self/maps"):
+            name = line.split()[-1].rsplit("/", 1)[-1]
+            if name.startswith(("libgomp", "libiomp", "libomp")) and ".so" in name:
+                print(line.split()[-1])
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runtimes = set(done.stdout.split())  # a file maps several times (text, data, …)
+    assert len(runtimes) == 1, runtimes
 
 
 def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair, draft):

@@ -1,17 +1,18 @@
-"""A distilled int8 draft's one-token step as one C call (`draft_step.c`), on CPU.
+"""A distilled int8 draft's one-token step as one C call (`draft_step.cpp`), on CPU.
 
 A draft step in the speculative loop is about 40 small torch ops: 13 fbgemm products, 4
-attentions, norms, GELU, views. Each costs a fixed 10–45 µs of dispatch and set-up however
-small, and more in the loop than hot, since the target's pass between draft steps leaves the
-draft's code and data cold (docs/benchmarks.md). `FusedDraft` runs the whole step for one row
-and one new token (what the loop asks for almost every time) as one call into a small C
-library compiled on first use with the machine's own instructions (`gcc -O3 -march=native
--fopenmp`; AVX-512 VNNI where the CPU has it) and cached beside the other compiled forms.
+attentions, norms, GELU, views. Each has a fixed cost of dispatch and set-up however small,
+and more in the loop than hot, since the target's pass between draft steps leaves the draft's
+code and data cold (docs/benchmarks.md has the timings). `FusedDraft` runs the whole step for
+one row and one new token (what the loop asks for almost every time) as one call into a small
+library built on first use by torch's own extension builder (`torch.utils.cpp_extension`, with
+ninja) for the machine's own instructions (`-O3 -march=native -fopenmp`; AVX-512 VNNI where the
+CPU has it) and cached beside the other compiled forms.
 
 Its products are int8 like the torch path's (per-row weight scales, the input quantised per
 call) but round differently, so its logits differ slightly from the torch path's: that moves
 how often the target accepts a proposal, never the transcript, which the target decides.
-Passes over several tokens or rows, and a machine without a C compiler, keep the torch path.
+Passes over several tokens or rows, and a machine without a C++ compiler, keep the torch path.
 `SPECASR_FUSED_DRAFT=0` turns it off.
 
 `LeanRunner` calls it (`specasr.runtime.runner`): the library reads and writes the runner's own
@@ -25,11 +26,12 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import warnings
-from importlib.resources import files
+from importlib.resources import as_file, files
 from pathlib import Path
 
 import torch
@@ -38,35 +40,112 @@ from torch import Tensor
 from specasr.backends.cpu.linear import Int8Linear
 from specasr.cache import default_cache_root, store
 
-SOURCE = "draft_step.c"
+SOURCE = "draft_step.cpp"
+NAME = "specasr_draft_step"
 MAX_THREADS = 8
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+# what the library's specasr_draft_abi() must return (SPECASR_DRAFT_ABI in draft_step.cpp): bumped
+# on both sides together whenever a signature, `_Dims` or the pointers' order changes
+ABI = 2
+# cpp_extension adds only -fPIC, -std=c++20 and torch's include paths of its own: the tuning is
+# these (-march=native: built per machine, keyed by the CPU's flags below). -ffp-contract=off:
+# g++ would fuse a * b + c into FMAs where gcc in ISO C mode does not; off, the C++ build rounds
+# as the C one did
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
+
+
+class _Dims(ctypes.Structure):
+    """`Dims` in draft_step.cpp, field for field; the library reports its sizeof, checked
+    against this one's before anything is called."""
+
+    _fields_ = [
+        (name, ctypes.c_int32)
+        for name in ("d", "heads", "ffn", "layers", "ctx", "threads", "head_rows", "embed_rows")
+    ] + [("eps", ctypes.c_float)]
 
 
 def enabled() -> bool:
     return os.environ.get("SPECASR_FUSED_DRAFT", "1") != "0"
 
 
-def _build(cc: str, source: bytes, path: Path, failed: Path) -> bool:
-    """Compiles `source` into `path` whole (built beside it, then renamed); False if it fails."""
+def _warn(message: str) -> None:
+    # once per process: `library()` is cached, so each cause warns at most once
+    warnings.warn(f"the fused draft step is off (torch path instead): {message}", stacklevel=3)
+
+
+# GNU's (libgomp.so.1, or auditwheel's libgomp-<hash>.so.1), Intel's and LLVM's
+_RUNTIME = re.compile(r"lib(?:gomp|iomp5|omp)(?:-\w+)?\.so(?:\.\d+)*$")
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtime files this process has mapped (Linux; [] elsewhere), in load order."""
+    try:
+        text = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    paths = (line.split(maxsplit=5)[-1] for line in text.splitlines() if line.count(" ") >= 5)
+    return list(dict.fromkeys(p for p in paths if _RUNTIME.search(os.path.basename(p))))
+
+
+def _torch_openmp() -> Path | None:
+    """The OpenMP runtime torch loaded, to link the library against by path. A plain -fopenmp
+    link names the compiler's libgomp.so.1: where torch bundles its own under another name
+    (auditwheel's libgomp-<hash>.so.1 in torch.libs) that would load a second runtime beside
+    torch's, with two thread pools competing for the cores. Linked to torch's file, the
+    library's parallel regions run on the pool torch's own ops use."""
+    root = Path(torch.__file__).resolve().parent
+    mapped = [Path(p) for p in openmp_runtimes()]
+    dirs = (root / "lib", root.parent / "torch.libs")
+    for path in mapped:  # torch's own first, then whatever runtime torch's libraries pulled in
+        if path.parent in dirs:
+            return path
+    if mapped:
+        return mapped[0]
+    found = [p for d in dirs for p in sorted(d.glob("lib*omp*.so*")) if _RUNTIME.search(p.name)]
+    return found[0] if found else None
+
+
+def _ldflags(runtime: Path | None) -> list[str]:
+    if runtime is None:  # torch without an OpenMP runtime in a file: the compiler's own
+        return ["-fopenmp"]
+    # -l:<file> links exactly that file (its soname goes into DT_NEEDED), and the rpath finds
+    # it where torch has not loaded it first; no -fopenmp here, which would add -lgomp too
+    return [f"-L{runtime.parent}", f"-l:{runtime.name}", f"-Wl,-rpath,{runtime.parent}"]
+
+
+def _build(source: Path, path: Path, failed: Path, ldflags: list[str]) -> bool:
+    """Builds `source` with torch.utils.cpp_extension into `path` whole (built in a directory
+    of its own beside it, the library then renamed into place, the rest removed); False if it
+    fails. A compiler's failure leaves `failed` (its message) and warns; a missing ninja only
+    warns, as installing it fixes that."""
+    from torch.utils import cpp_extension  # imports setuptools: only when building
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            src, out = Path(tmp) / SOURCE, Path(tmp) / "draft_step.so"
-            src.write_bytes(source)
-            done = subprocess.run(
-                [cc, *FLAGS, str(src), "-o", str(out), "-lm"], capture_output=True, timeout=120
-            )
-            if done.returncode != 0:
-                message = done.stderr.decode(errors="replace")[-2000:]
-                store(failed, message.encode())
-                warnings.warn(
-                    f"the fused draft step did not compile (torch path instead): {message[-400:]}",
-                    stacklevel=3,
-                )
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
+            try:
+                cpp_extension.verify_ninja_availability()
+            except RuntimeError as e:
+                _warn(f"{e} (pip install ninja)")
                 return False
-            os.replace(out, path)
-    except (OSError, subprocess.SubprocessError):
+            try:
+                built = cpp_extension.load(
+                    name=NAME,
+                    sources=[str(source)],
+                    extra_cflags=CFLAGS,
+                    extra_ldflags=ldflags,
+                    build_directory=tmp,
+                    is_python_module=False,
+                    verbose=False,
+                )
+            except (RuntimeError, subprocess.SubprocessError) as e:  # the compiler's or ninja's
+                message = str(e)[-2000:]
+                store(failed, message.encode())
+                _warn(f"draft_step.cpp did not compile: {message[-400:]}")
+                return False
+            # the same inode the builder just loaded: opening `path` later finds it loaded
+            os.replace(built, path)
+    except OSError as e:  # the cache's disk, not the source: no note, a later process tries again
+        _warn(f"the build did not finish: {e}")
         return False
     return True
 
@@ -81,37 +160,62 @@ def _cpu_key() -> str:
     return "\n".join(dict.fromkeys(keep))  # each once (every core repeats them)
 
 
+def _check(lib: ctypes.CDLL) -> str | None:
+    """Why the library and this module disagree on how they talk, or None where they agree."""
+    try:
+        abi, size = lib.specasr_draft_abi, lib.specasr_draft_dims_size
+    except AttributeError:
+        return "the library exports no ABI version"
+    abi.restype, size.restype = ctypes.c_int, ctypes.c_size_t
+    if abi() != ABI:
+        return f"the library's ABI is {abi()}, this module's {ABI}"
+    if size() != ctypes.sizeof(_Dims):
+        return f"the library's Dims is {size()} bytes, this module's {ctypes.sizeof(_Dims)}"
+    return None
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled step, built once per source, compiler and CPU (cached under
-    `default_cache_root()/fused`), or None where there is no C compiler or it fails. A
-    failed build warns once and leaves a `.failed` note with the compiler's message, so
-    later processes do not try again (delete it, or install another compiler, to retry)."""
-    cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-    if cc is None:
+    """The compiled step, built once per source, compiler, CPU and torch (cached under
+    `default_cache_root()/fused`), or None where there is no C++ compiler, it fails, or it
+    disagrees with this module's ABI. A failed build warns once and leaves a `.failed` note
+    with the compiler's message, so later processes do not try again (delete it, or install
+    another compiler, to retry)."""
+    cxx = shutil.which(os.environ.get("CXX", "c++"))  # what cpp_extension compiles with
+    if cxx is None:
         return None
-    source = files("specasr.backends.cpu").joinpath(SOURCE).read_bytes()
-    # the compiler's path but not its version: asking costs every process a subprocess, and
-    # a library built by an older compiler still runs
-    parts = [source, cc.encode(), _cpu_key().encode(), " ".join(FLAGS).encode()]
-    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    path = default_cache_root() / "fused" / f"draft_step-{key}.so"
-    failed = path.with_suffix(".failed")
-    if failed.exists():
-        return None
-    if not path.exists() and not _build(cc, source, path, failed):
-        return None
+    runtime = _torch_openmp()
+    ldflags = _ldflags(runtime)
+    with as_file(files("specasr.backends.cpu").joinpath(SOURCE)) as source:
+        text = source.read_bytes()
+        # the compiler's path but not its version: asking costs every process a subprocess,
+        # and a library built by an older compiler still runs
+        parts = [text, cxx.encode(), _cpu_key().encode(), " ".join(CFLAGS + ldflags).encode()]
+        parts.append(torch.__version__.encode())  # its libraries are linked in
+        key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+        path = default_cache_root() / "fused" / f"draft_step-{key}.so"
+        failed = path.with_suffix(".failed")
+        if failed.exists():
+            return None
+        if not path.exists() and not _build(source, path, failed, ldflags):
+            return None
     try:
         lib = ctypes.CDLL(str(path))
-    except OSError:
+    except OSError as e:
+        _warn(f"{path} did not load: {e}")
+        return None
+    if why := _check(lib):
+        _warn(why)
         return None
     vp = ctypes.c_void_p
     lib.draft_model.restype, lib.draft_state.restype = vp, vp
-    lib.draft_model.argtypes = [vp, vp, vp]
+    lib.draft_model.argtypes = [ctypes.POINTER(_Dims), vp]
     lib.draft_state.argtypes = [vp, ctypes.c_int, ctypes.c_int, vp]
     lib.draft_step.argtypes = [vp, vp, ctypes.c_int, ctypes.c_int, vp]
     lib.draft_step.restype = ctypes.c_int
     lib.draft_free.argtypes = [vp]
+    lib.specasr_draft_pointers.argtypes = [ctypes.c_int]
+    lib.specasr_draft_pointers.restype = ctypes.c_int
     return lib
 
 
@@ -167,23 +271,24 @@ class FusedDraft:
             raise ValueError(f"the draft's layer norms differ in eps: {sorted(eps)}")
         self.keep += products
         self.ctx = shared["positions"].shape[0]
-        # OpenMP threads per product (torch's own runtime: the library links the libgomp torch
-        # loaded); capped, as a one-token product is a few hundred µs of memory reads
+        # OpenMP threads per product, on torch's own runtime (`_torch_openmp`); capped, as a
+        # one-token product is a short pass of memory reads that more threads split no further
         self.threads = threads or min(torch.get_num_threads(), MAX_THREADS)
-        embed_rows = shared["embed"].shape[0]
-        dims = (ctypes.c_int32 * 8)(
-            draft.d_model,
-            draft.heads,
-            draft.ffn,
-            len(draft.layers),
-            self.ctx,
-            self.threads,
-            self.vocab,
-            embed_rows,
+        dims = _Dims(
+            d=draft.d_model,
+            heads=draft.heads,
+            ffn=draft.ffn,
+            layers=len(draft.layers),
+            ctx=self.ctx,
+            threads=self.threads,
+            head_rows=self.vocab,
+            embed_rows=shared["embed"].shape[0],
+            eps=eps.pop(),
         )
+        if len(ptrs) != lib.specasr_draft_pointers(len(draft.layers)):
+            raise ValueError(f"{len(ptrs)} pointers for a draft the library reads otherwise")
         array = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        eps_value = ctypes.c_float(eps.pop())  # the library copies dims, eps and the pointers
-        handle = lib.draft_model(ctypes.cast(dims, ctypes.c_void_p), ctypes.byref(eps_value), array)
+        handle = lib.draft_model(ctypes.byref(dims), array)  # the library copies dims and pointers
         if not handle:
             raise ValueError(f"the fused step takes at most 8 layers, not {len(draft.layers)}")
         self.handle = ctypes.c_void_p(handle)

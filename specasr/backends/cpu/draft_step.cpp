@@ -1,9 +1,12 @@
 /* One draft token, fused: a distilled draft's whole one-token step on CPU in one call.
  *
- * specasr.backends.cpu.fused compiles this file on first use (gcc -O3 -march=native -fopenmp) and calls
- * it through ctypes. It replaces, for one row and one new token, the ~40 small torch ops of
+ * specasr.backends.cpu.fused builds this file on first use with torch's extension builder
+ * (torch.utils.cpp_extension: -O3 -march=native -fopenmp, linked against the OpenMP runtime torch
+ * itself loaded) and calls it through ctypes. It is C in a .cpp file, as that builder compiles
+ * C++: the exported functions are `extern "C"` so ctypes finds them by their plain names.
+ * It replaces, for one row and one new token, the ~40 small torch ops of
  * `specasr.backends.cpu.scripted.int8_layer_step` (per layer) and the int8 head, whose fixed costs
- * made up most of a draft step (docs/benchmarks.md). The maths is the draft's:
+ * made up most of a draft step (docs/benchmarks.md has the timings). The maths is the draft's:
  *
  *   x = embed[token] + positions[pos]
  *   per layer: x += out(self_attn(qkv(ln1(x))));  x += cross_out(cross_attn(cross_q(ln2(x))));
@@ -28,6 +31,20 @@
 #endif
 
 #define MAX_LAYERS 8
+
+/* Bump SPECASR_DRAFT_ABI whenever a signature below, `Dims` or the order of the pointers
+ * `draft_model` and `draft_state` read changes, together with `ABI` in fused.py: Python checks
+ * it (and sizeof(Dims) against its ctypes mirror) before calling anything, so a library and a
+ * Python side that disagree fall back to torch instead of reading each other's memory wrongly. */
+#define SPECASR_DRAFT_ABI 2
+
+/* The model's sizes, mirrored field for field by `_Dims` (a ctypes.Structure) in fused.py */
+typedef struct {
+    int32_t d, heads, ffn, layers, ctx, threads;
+    int32_t head_rows;   /* the head's output rows: the draft's vocabulary */
+    int32_t embed_rows;  /* rows of embed: the largest token accepted */
+    float eps;           /* every layer norm's */
+} Dims;
 
 typedef struct {
     const int8_t *w;      /* [out, in] */
@@ -184,28 +201,38 @@ static void attend(const float *q, const void *K, const void *V, int n, int dh, 
 static inline float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
 /* ---- the step ------------------------------------------------------------------------- */
-void *draft_model(const int32_t *dims, const float *eps, void **ptrs) {
-    /* dims: d, heads, ffn, layers, ctx, threads, head rows, embed rows; ptrs: embed, pos, lnw, lnb, head (w, scale,
-     * rsum, bias, out, in as 4 pointers + the dims from its shape), then per layer the 6 norms'
-     * 6 tensors and 6 products (w, scale, rsum, bias each). Shapes come from d, ffn and the
-     * head's out (dims[6]). */
-    if (dims[3] > MAX_LAYERS) return NULL;
+extern "C" {
+
+int specasr_draft_abi(void) { return SPECASR_DRAFT_ABI; }
+
+size_t specasr_draft_dims_size(void) { return sizeof(Dims); }
+
+/* how many pointers draft_model reads for a draft of `layers` layers */
+int specasr_draft_pointers(int layers) { return 4 + 4 + layers * (6 + 6 * 4); }
+
+void *draft_model(const Dims *dims, void *const *ptrs) {
+    /* ptrs: embed, pos, lnw, lnb, head (w, scale, rsum, bias), then per layer the 3 norms'
+     * 6 tensors and 6 products (w, scale, rsum, bias each). Shapes come from d, ffn and
+     * head_rows. NULL: more layers than MAX_LAYERS, or no memory. */
+    if (dims->layers < 0 || dims->layers > MAX_LAYERS) return NULL;
     Model *m = (Model *)calloc(1, sizeof(Model));
     if (!m) return NULL;
-    m->d = dims[0], m->heads = dims[1], m->ffn = dims[2], m->layers = dims[3], m->ctx = dims[4];
-    m->threads = dims[5], m->vocab = dims[7], m->eps = *eps;
+    m->d = dims->d, m->heads = dims->heads, m->ffn = dims->ffn, m->layers = dims->layers;
+    m->ctx = dims->ctx, m->threads = dims->threads, m->vocab = dims->embed_rows, m->eps = dims->eps;
     int k = 0, d = m->d;
-    m->embed = ptrs[k++], m->pos = ptrs[k++], m->lnw = ptrs[k++], m->lnb = ptrs[k++];
-#define LIN(L, o, i)                                                                          \
-    do {                                                                                      \
-        (L).w = ptrs[k++], (L).scale = ptrs[k++], (L).rsum = ptrs[k++], (L).bias = ptrs[k++]; \
-        (L).out = (o), (L).in = (i);                                                          \
+#define F32(p) ((const float *)(p))
+    m->embed = F32(ptrs[k++]), m->pos = F32(ptrs[k++]), m->lnw = F32(ptrs[k++]), m->lnb = F32(ptrs[k++]);
+#define LIN(L, o, i)                                                                   \
+    do {                                                                               \
+        (L).w = (const int8_t *)ptrs[k++], (L).scale = F32(ptrs[k++]);                 \
+        (L).rsum = (const int32_t *)ptrs[k++], (L).bias = F32(ptrs[k++]);              \
+        (L).out = (o), (L).in = (i);                                                   \
     } while (0)
-    LIN(m->head, dims[6], d);
+    LIN(m->head, dims->head_rows, d);
     for (int l = 0; l < m->layers; l++) {
         Layer *y = &m->layer[l];
-        y->ln1w = ptrs[k++], y->ln1b = ptrs[k++], y->ln2w = ptrs[k++], y->ln2b = ptrs[k++];
-        y->ln3w = ptrs[k++], y->ln3b = ptrs[k++];
+        y->ln1w = F32(ptrs[k++]), y->ln1b = F32(ptrs[k++]), y->ln2w = F32(ptrs[k++]);
+        y->ln2b = F32(ptrs[k++]), y->ln3w = F32(ptrs[k++]), y->ln3b = F32(ptrs[k++]);
         LIN(y->qkv, 3 * d, d);
         LIN(y->out, d, d);
         LIN(y->cq, d, d);
@@ -214,19 +241,20 @@ void *draft_model(const int32_t *dims, const float *eps, void **ptrs) {
         LIN(y->fc2, d, m->ffn);
     }
 #undef LIN
+#undef F32
     return m;
 }
 
 void draft_free(void *p) { free(p); }
 
-void *draft_state(const void *model, int S, int bf16, void **ptrs) {
+void *draft_state(const void *model, int S, int bf16, void *const *ptrs) {
     /* ptrs: per layer K, V (self cache), cross K, cross V */
     const Model *m = (const Model *)model;
     State *s = (State *)calloc(1, sizeof(State));
     if (!s) return NULL;
     s->S = S, s->bf16 = bf16;
     for (int l = 0, k = 0; l < m->layers; l++) {
-        s->K[l] = ptrs[k++], s->V[l] = ptrs[k++];
+        s->K[l] = (float *)ptrs[k++], s->V[l] = (float *)ptrs[k++];
         s->ck[l] = ptrs[k++], s->cv[l] = ptrs[k++];
     }
     return s;
@@ -295,3 +323,5 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
     free(buf), free(xq), free(xu);
     return 0;
 }
+
+}  /* extern "C" */

@@ -109,8 +109,92 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 def test_at_most_ten_modules_directly_under_specasr():
-    top = sorted(p.name for p in (ROOT / "specasr").glob("*.py"))
+    """Stage modules at the top (the package's own `__init__` and `__main__` are not stages)."""
+    top = sorted(p.name for p in (ROOT / "specasr").glob("*.py") if not p.name.startswith("__"))
     assert len(top) <= 10, top
+
+
+# The package's layers, highest first (docs/design.md): a package may import only packages of
+# a lower layer. Top-level modules count as packages of their own.
+LAYERS = (
+    ("__init__", "__main__", "cli"),  # front ends
+    ("apps", "eval", "recipes"),  # front ends the CLI serves
+    ("transcription",),
+    ("longform",),
+    ("decode",),
+    ("models",),
+    ("runtime",),
+    ("backends",),
+    ("kernels",),
+    ("audio", "features", "tokenizer", "writers"),
+    ("results",),
+    ("options", "stats", "cache"),
+    ("constants",),
+)
+
+
+def _package(module: str) -> str:
+    """specasr.decode.loop -> decode; specasr.kernels -> kernels; specasr -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _every_import(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules `name` imports anywhere in its file, inside functions and
+    TYPE_CHECKING blocks too: a package's dependencies, not only its load-time ones."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            found.update({f"{base}.{a.name}" for a in node.names} & known or {base})
+    out = set()
+    for mod in found:
+        while mod and mod not in known:
+            mod = mod.rpartition(".")[0]
+        if mod:
+            out.add(mod)
+    return out
+
+
+def _back_edges(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) module pairs whose packages are not in a strictly lower layer."""
+    rank = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+    bad = []
+    for mod, deps in graph.items():
+        src = _package(mod)
+        for dep in deps:
+            dst = _package(dep)
+            if dst != src and not rank.get(src, -1) < rank.get(dst, -1):
+                bad.append((mod, dep))
+    return sorted(bad)
+
+
+def test_dependencies_point_one_way_between_packages():
+    modules = _modules()
+    graph = {name: _every_import(name, path, set(modules)) for name, path in modules.items()}
+    unknown = sorted({_package(m) for m in modules} - {p for layer in LAYERS for p in layer})
+    assert unknown == [], f"packages in no layer of LAYERS: {unknown}"
+    assert "specasr.runtime.forms" in graph["specasr.runtime.runner"]  # the parser sees real imports
+    assert _back_edges(graph) == []
+
+
+def test_the_layer_check_finds_a_back_edge():
+    graph = {
+        "specasr.decode.loop": {"specasr.runtime.runner", "specasr.stats"},  # downward: fine
+        "specasr.backends.cpu.linear": {"specasr.models.whisper"},  # a backend importing a model
+        "specasr.apps.service": {"specasr.eval.runner"},  # two front ends of one layer
+    }
+    assert _back_edges(graph) == [
+        ("specasr.apps.service", "specasr.eval.runner"),
+        ("specasr.backends.cpu.linear", "specasr.models.whisper"),
+    ]
 
 
 def test_top_level_api_is_lazy():

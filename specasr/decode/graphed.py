@@ -3,11 +3,11 @@
 The host loop (`decode.loop`, `decode.step`) keeps each row's context as a Python list,
 reads every draft token back to the host, and feeds passes whose shapes follow the rows'
 lengths. On a CPU that costs nothing. On a GPU every read is a synchronisation, and a pass
-whose shapes change cannot be replayed from a CUDA graph (issue 21). This module is the
+whose shapes change cannot be replayed from a CUDA graph. This module is the
 same algorithm at T = 0 with all per-step state on the device:
 
 - **Context:** `seq` [B, 448] and the lengths `L` [B].
-- **Caches:** the runners' preallocated K/V [B, H, 448, dh] (`cpu.lean.LeanRunner`). Each
+- **Caches:** the runners' preallocated K/V [B, H, 448, dh] (`runtime.runner.LeanRunner`). Each
   pass writes a token's keys and values at its own position and attends over all 448
   positions behind a mask (key position ≤ query position). Entries past a row's length are
   stale and masked, then overwritten: rollback is free, and no shape depends on a length.
@@ -41,6 +41,8 @@ target's pass, acceptance and the state update) is captured once as one CUDA gra
 the runners' caches and the state tensors form a workspace per batch size that later
 decodes reuse (`start` refills it), so a graph is captured once per (B, γ), not per decode;
 the start of a decode (cross K/V, start sequence, prefills) is a graph per prefill bucket.
+What this needs of CUDA itself (side stream, capture, replay) is `specasr.backends.cuda.graphs`;
+each pass runs the runner's layer steps (`specasr.runtime.forms`) over fixed shapes.
 `decode.loop.decode_states` takes this loop on CUDA at T = 0 (`device_loop_plan`).
 On a CPU the steps run eagerly; the tests check that their tokens are the host loop's,
 that no step reads a value back other than through `Steps.read`, and that a step keeps
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
+from specasr.backends.cuda import graphs as cuda_graphs
 from specasr.constants import N_TEXT_CTX
 from specasr.decode.filters import TimestampRules, device_form, static_masks, timestamp_rules_on_device
 from specasr.decode.gamma import AdaptiveGamma, GammaPolicy
@@ -192,7 +195,7 @@ class GraphedGreedy:
         self.workspaces: dict[tuple, Workspace] = {}
         self.captures = 0  # graphs captured so far (one per workspace)
         self.capture_error: str | None = None  # why capture failed, if it did (then eager)
-        self._side = None  # the CUDA stream of warm-ups and capture
+        self._side = cuda_graphs.SideStream()  # the CUDA stream of warm-ups and captures
         self._columns: Tensor | None = None  # a reduced-vocabulary draft's columns [N]
         self._reduced_masks: tuple[Tensor, Tensor] | None = None  # `always`, `at_begin` on them
         self._reduced_ts = 0  # how many of those columns are timestamps (the last ones)
@@ -306,17 +309,15 @@ class GraphedGreedy:
             if d_in is not None:
                 d_in.copy_(draft_states)
             if T not in ws.start_graphs:
-                try:
-                    graph, side = torch.cuda.CUDAGraph(), self._side_stream(dev)
-                    with torch.cuda.graph(graph, stream=side):  # recorded, not run
-                        d = t_in if d_in is None and draft_states is not None else d_in
-                        self._prefill(ws, t_in, d, T)
+                d = t_in if d_in is None and draft_states is not None else d_in
+                try:  # recorded, not run
+                    graph, _ = cuda_graphs.capture(lambda: self._prefill(ws, t_in, d, T), self._side(dev))
                     ws.start_graphs[T] = graph
                 except RuntimeError as e:  # as a step's capture: eager from here on
                     self.capture_error, self.graphs = str(e).splitlines()[0], False
                     ws.graphs.clear()
                     ws.start_graphs.clear()
-                    torch.cuda.synchronize(dev)
+                    cuda_graphs.settle(dev)
             if T in ws.start_graphs:
                 ws.start_graphs[T].replay()
             else:
@@ -337,12 +338,6 @@ class GraphedGreedy:
         """Prompt tokens the draft skips (1 … drop after <|startofprev|>): all but the last
         `draft_prompt` (`decode.runners.prompt_drop`, as the host loop's draft)."""
         return prompt_drop(task.prompt_len, self.draft_prompt)
-
-    def _side_stream(self, dev) -> torch.cuda.Stream:
-        if self._side is None:  # warm-ups and captures on one side stream, as CUDA graphs want
-            self._side = torch.cuda.Stream(device=dev)
-        self._side.wait_stream(torch.cuda.current_stream(dev))
-        return self._side
 
     def _advance(self, s: Steps, target: LeanRunner, draft: LeanRunner | None, g: int) -> Tensor:
         """One speculative step for every row (done rows run and change nothing), all on the
@@ -400,25 +395,22 @@ class GraphedGreedy:
             return self._advance(s, target, draft, g)
         if not ws.graphs:
             dev = s.seq.device
-            side = self._side_stream(dev)
+            side = self._side(dev)
             if s.passes < WARM_STEPS:
-                with torch.cuda.stream(side):
-                    flags = self._advance(s, target, draft, g)
-                torch.cuda.current_stream(dev).wait_stream(side)
-                return flags
+                return cuda_graphs.warm(lambda: self._advance(s, target, draft, g), dev, side)
             try:
                 pool = None
-                for k in self.gammas:
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=side):
-                        flags = self._advance(s, target, draft, k)  # recorded, not run
+                for k in self.gammas:  # recorded, not run
+                    graph, flags = cuda_graphs.capture(
+                        lambda k=k: self._advance(s, target, draft, k), side, pool
+                    )
                     pool = graph.pool()
                     ws.graphs[k] = (graph, flags)
                     self.captures += 1
             except RuntimeError as e:  # a failed capture leaves the state untouched: go eager
                 self.capture_error, self.graphs = str(e).splitlines()[0], False
                 ws.graphs.clear()
-                torch.cuda.synchronize(dev)
+                cuda_graphs.settle(dev)
                 return self._advance(s, target, draft, g)
         graph, flags = ws.graphs[g]
         graph.replay()

@@ -16,9 +16,9 @@ import importlib.util
 import numpy as np
 import torch
 
-# Whether Triton is installed, found without importing it: the import costs about 0.3 s and
-# 70 MB of resident libraries, which CPU runs never need. `_triton` imports it, and only the
-# CUDA (or TRITON_INTERPRET) paths import `_triton`.
+# Whether Triton is installed, found without importing it: the import costs start-up time
+# and resident memory (measured: docs/benchmarks.md), which CPU runs never need. `_triton`
+# imports it, and only the CUDA (or TRITON_INTERPRET) paths import `_triton`.
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 

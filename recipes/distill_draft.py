@@ -342,8 +342,8 @@ def _loss(draft: DistilledDraft, examples: list[Example], cross, device) -> tupl
 def precompute_cross(draft: DistilledDraft, states: torch.Tensor, device, batch: int = 16):
     """The draft's cross-attention K/V for every window (its K/V projections stay frozen):
     per layer K, V [n, H, S, dh] fp16, filled in place. Collecting batches and concatenating
-    them would hold every K/V twice at the peak: 4 × the states' size per layer, which ran
-    a 1833-window corpus (2.8 GB of states) out of 24 GB."""
+    them would hold every K/V twice at the peak: 4 × the states' size per layer, enough to
+    run a corpus of a few thousand windows out of memory."""
     n, S = states.shape[:2]
     shape = (n, draft.heads, S, draft.d_model // draft.heads)
     out = [
@@ -550,7 +550,7 @@ def average_drafts(
     """Writes (1 − weight) · base + weight · other, tensor by tensor (a "model soup" of two
     drafts trained from one another: same layers and shapes), with base's vocabulary and
     metadata. A run that moved a draft towards new data (other) can lose speech the base knew
-    (docs/distill.md, round 5); a point between them can keep most of both. cross_pool: the
+    (docs/distill.md); a point between them can keep most of both. cross_pool: the
     average's (default: base's, which must then equal other's). base, other: files or
     packaged:NAME. Returns the metadata written."""
     from safetensors import safe_open

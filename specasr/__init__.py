@@ -6,9 +6,10 @@ The names below are imported lazily, on first use, so `import specasr` (and the 
 `--help`) stays fast.
 
 Layout: `models/` (loading, conversion, the draft), `decode/` (the loop and its policies),
-`longform/` (windows and strategies), `cpu/` (the CPU fast path), `cli/`, `eval/`,
-`research/` (benchmarks); `specasr.kernels` (the verifiers), `specasr.apps` and
-`specasr.recipes` map the repository's `kernels/`, `apps/` and `recipes/` folders.
+`longform/` (windows and strategies), `cpu/` (the CPU fast path), `cli/`, `eval/` (and
+`specasr bench`'s timing); `specasr.kernels` (the verifiers), `specasr.apps` and
+`specasr.recipes` map the repository's `kernels/`, `apps/` and `recipes/` folders. The
+benchmarks and probes are not in the package: `benchmarks/`, run from a checkout.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ if (
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from specasr.backends.cpu.heap import collector_paused  # no torch
+    from specasr.backends.process import collector_paused  # no torch
 
-    with collector_paused():  # the first name imports torch: see specasr.backends.cpu.heap
+    with collector_paused():  # the first name imports torch: see specasr.backends.process
         return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -58,9 +58,9 @@ def _byte_alphabet() -> dict[str, int]:
 @dataclass(frozen=True)
 class DecodeTable:
     """What turning ids back into text needs for a byte-level BPE tokenizer (every Whisper
-    tokenizer), in a form read in about a millisecond: each base-vocabulary id's bytes, the
-    special tokens by name, and the vocabulary size. Parsing the full `tokenizer.json`
-    (50 000 merges) takes 0.1–0.2 s of every start, and decoding is all a transcription does;
+    tokenizer), in a form read quickly: each base-vocabulary id's bytes, the special tokens
+    by name, and the vocabulary size. Parsing the full `tokenizer.json` (50 000 merges) is a
+    noticeable part of every start, and decoding is all a transcription does;
     encoding text (a prompt) parses it then (`Tokenizer.hf`).
 
     Decoding joins the ids' bytes and reads them as UTF-8, an invalid sequence becoming

@@ -130,10 +130,10 @@ def test_an_int8_bfloat16_base_decodes_exactly_against_itself_and_keeps_its_wer(
     """base with bf16 encoder products and an int8 decoder, with the packaged draft: exact mode
     gives the target's own autoregressive tokens on every LibriVox clip and on the long-form
     fixture (chunked, VAD, text only), and the fixture's WER stays within half a point of fp32."""
+    from benchmarks.longform import long_recording
     from specasr.eval.metric import wer
     from specasr.models.loading import load_pair
     from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
-    from specasr.research.longform import long_recording
     from specasr.transcription import transcribe, transcribe_clip
 
     monkeypatch.setattr(bf16, "available", lambda: True)

@@ -156,8 +156,8 @@ cli.run()
     ],
 )
 def test_the_command_exits_quickly_with_mains_status_output_and_exit_handlers(args, status, err):
-    """`specasr` (`cli.run`) leaves through os._exit after main: the status is main's, what
-    was written to stdout is flushed, and atexit handlers have run."""
+    """`specasr` (`cli.run`) leaves through `process.quick_exit` (os._exit) after main: the
+    status is main's, what was written to stdout is flushed, and atexit handlers have run."""
     import subprocess
     import sys
 
@@ -170,17 +170,17 @@ def test_the_command_exits_quickly_with_mains_status_output_and_exit_handlers(ar
 
 _START_UP = """
 import gc, json, sys
-from specasr.cli import common
+from specasr.backends import process
 if sys.argv[1] == "claimed":
-    common.claim_process()
+    process.claim_process()
 if sys.argv[2] == "off":
     gc.disable()
 frozen = gc.get_freeze_count()
-with common.start_up():
+with process.start_up():
     inside = gc.isenabled()
     made = [[i] for i in range(1000)]  # containers the collector tracks
 first = gc.get_freeze_count()
-with common.start_up():  # a second load in the same process (eval: one per mode) never freezes
+with process.start_up():  # a second load in the same process (eval: one per mode) never freezes
     again = [[i] for i in range(1000)]
 print(json.dumps({"inside": inside, "after": gc.isenabled(), "frozen": first - frozen,
                   "second": gc.get_freeze_count() - first}))

@@ -303,9 +303,9 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivo
     """Real weights: base in int8 with the packaged draft. Exact mode gives the int8 target's
     autoregressive tokens on every LibriVox clip and on the long-form fixture, sequential and
     chunked with VAD (ragged batched rows; with timestamps and without), with speculation running."""
+    from benchmarks.longform import long_recording
     from specasr.models.loading import load_pair
     from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
-    from specasr.research.longform import long_recording
     from specasr.transcription import transcribe, transcribe_clip
 
     pair = load_pair("base", "default", compute_type="int8")

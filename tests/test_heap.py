@@ -1,5 +1,5 @@
-"""The process's heap policy (`specasr.backends.cpu.heap`): the CLI's lean policy and the workspace
-scope the encoder runs in."""
+"""The process's heap policy: the CLI's lean policy (`specasr.backends.process.lean_heap`) and
+the workspace scope the encoder runs in (`specasr.backends.cpu.heap`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from specasr.backends import process
 from specasr.backends.cpu import heap
 
 
@@ -16,22 +17,22 @@ from specasr.backends.cpu import heap
 def calls(monkeypatch):
     """Records mallopt settings and trims instead of making them; the policy starts unset."""
     seen: list = []
-    monkeypatch.setattr(heap, "_set", lambda *a: seen.append(("set", *a)))
-    monkeypatch.setattr(heap, "trim", lambda: seen.append(("trim",)))
-    monkeypatch.setattr(heap, "_lean", False)
-    monkeypatch.setattr(heap, "_depth", 0)
+    monkeypatch.setattr(process, "_set", lambda *a: seen.append(("set", *a)))
+    monkeypatch.setattr(process, "malloc_trim", lambda: seen.append(("trim",)))
+    monkeypatch.setattr(process, "_lean", False)
+    monkeypatch.setattr(process, "_depth", 0)
     return seen
 
 
 def test_workspace_changes_nothing_without_the_lean_policy(calls):
     with heap.workspace():
         pass
-    assert calls == [] and not heap.is_lean()
+    assert calls == [] and not process.is_lean()
 
 
 def test_nested_and_concurrent_scopes_share_one_heap_mode(calls):
-    heap.lean_heap()
-    assert calls == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT)]
+    process.lean_heap()
+    assert calls == [("set", process.LEAN_MMAP, process.TRIM_DEFAULT)]
     calls.clear()
     entered, release = threading.Event(), threading.Event()
 
@@ -49,17 +50,17 @@ def test_nested_and_concurrent_scopes_share_one_heap_mode(calls):
     assert calls == [("set", heap.WORKSPACE_MMAP, heap.WORKSPACE_TRIM, heap.WORKSPACE_MMAP_CAPPED)]
     release.set()  # the last scope to leave restores the lean policy and trims
     t.join(5)
-    assert calls[1:] == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT), ("trim",)]
-    assert heap._depth == 0
+    assert calls[1:] == [("set", process.LEAN_MMAP, process.TRIM_DEFAULT), ("trim",)]
+    assert process._depth == 0
 
 
 def test_lean_policy_set_inside_a_scope_waits_for_it_to_close(calls):
-    heap.lean_heap()
+    process.lean_heap()
     calls.clear()
     with heap.workspace():
-        heap.lean_heap()  # e.g. a second CLI entry point in the same process
+        process.lean_heap()  # e.g. a second CLI entry point in the same process
         assert calls == [("set", heap.WORKSPACE_MMAP, heap.WORKSPACE_TRIM, heap.WORKSPACE_MMAP_CAPPED)]
-    assert calls[-2:] == [("set", heap.LEAN_MMAP, heap.TRIM_DEFAULT), ("trim",)]
+    assert calls[-2:] == [("set", process.LEAN_MMAP, process.TRIM_DEFAULT), ("trim",)]
 
 
 # Run in a fresh process: the policy is process-wide. Under the lean policy every 8 MB block
@@ -67,8 +68,9 @@ def test_lean_policy_set_inside_a_scope_waits_for_it_to_close(calls):
 # the heap grows to hold it and then serves it again (a layer's blocks, the next layer).
 FAULTS = """
 import resource, torch
+from specasr.backends import process
 from specasr.backends.cpu import heap
-heap.lean_heap()
+process.lean_heap()
 
 def faults(n=10):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -94,18 +96,18 @@ def test_the_workspace_reuses_large_blocks_instead_of_faulting_them_in_again():
 
 _COLLECTOR = """
 import gc, json, sys
-from specasr.backends.cpu import heap
+from specasr.backends import process
 if sys.argv[1] == "off":
     gc.disable()
 frozen = gc.get_freeze_count()
-with heap.collector_paused(freeze=sys.argv[2] == "freeze"):
+with process.collector_paused(freeze=sys.argv[2] == "freeze"):
     inside = gc.isenabled()
-    with heap.collector_paused(freeze=True):  # nested: the outer scope decides
+    with process.collector_paused(freeze=True):  # nested: the outer scope decides
         nested = gc.isenabled()
     after_nested = (gc.isenabled(), gc.get_freeze_count() - frozen)
     made = [[i] for i in range(1000)]  # containers the collector tracks
 
-@heap.collector_paused()
+@process.collector_paused()
 def load():
     return gc.isenabled()
 
@@ -145,18 +147,18 @@ def test_a_transcription_decodes_every_window_in_one_workspace(
     transcription (a clip: its one decode) run inside one workspace: their large
     temporaries (activations, a pass's logits, cross K/V) are heap-served and reused instead
     of mapped and faulted in afresh at every step, and the heap is trimmed once, at the end."""
+    from benchmarks.longform import long_recording
     from specasr.decode import loop
     from specasr.options import DecodeOptions, TranscribeOptions
-    from specasr.research.longform import long_recording
     from specasr.transcription import transcribe, transcribe_clip
 
-    heap.lean_heap()
+    process.lean_heap()
     calls.clear()
     depths = []
     run = loop.DecodeLoop.run
 
     def recorded(self, *args):
-        depths.append(heap._depth)
+        depths.append(process._depth)
         return run(self, *args)
 
     monkeypatch.setattr(loop.DecodeLoop, "run", recorded)
@@ -167,10 +169,10 @@ def test_a_transcription_decodes_every_window_in_one_workspace(
         rec = long_recording(librivox[0].path.parent)
         opts = TranscribeOptions(strategy=strategy, batch_size=1, decode=options)
         segments, _ = transcribe(rec.samples, tiny_en_pair, opts, source_rate=16000)
-        assert heap._depth == 0  # nothing is decoded, and no scope opened, before iterating
+        assert process._depth == 0  # nothing is decoded, and no scope opened, before iterating
         list(segments)
         assert len(depths) >= 3
     assert all(d >= 1 for d in depths)  # every decode ran inside a scope
     switches = [c for c in calls if c[0] == "set" and c[1] == heap.WORKSPACE_MMAP]
     assert len(switches) == 1  # one scope: the encoder's own scopes nest in it
-    assert calls[-1] == ("trim",) and heap._depth == 0
+    assert calls[-1] == ("trim",) and process._depth == 0

@@ -90,7 +90,7 @@ def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_sett
     during a pass, and the caller's setting is back after it, also after an error."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.backends.cpu import scripted as scripted_module
+    from specasr.backends import process
     from specasr.runtime.runner import LeanDecoder, LeanRunner
 
     target = random_tiny_pair(seed=3).target
@@ -109,7 +109,7 @@ def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_sett
     with torch.inference_mode(), torch.jit.optimized_execution(True):
         LeanRunner(decoder, states)(tokens, 6)
         assert seen == [False] and torch._C._get_graph_executor_optimize() is True
-        with pytest.raises(RuntimeError), scripted_module.unoptimized_script():
+        with pytest.raises(RuntimeError), process.unoptimized_script():
             assert torch._C._get_graph_executor_optimize() is False
             raise RuntimeError("a failed pass")
         assert torch._C._get_graph_executor_optimize() is True
@@ -119,11 +119,11 @@ def test_the_lean_loop_runs_its_scripted_steps_unoptimised_and_restores_the_sett
 def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_probe():
     """`LeanRunner` passes run inside `plain_calls`: subclass `__torch_function__` dispatch is
     off for the scripted layers and the head (a packed int8 argument answers that probe with a
-    thrown exception, ~75 µs per scripted call), on again after the pass; and the logits are
+    thrown exception, costly per scripted call), on again after the pass; and the logits are
     bitwise those of the same pass with the probe on."""
     from tiny_pairs import random_tiny_pair
 
-    from specasr.backends.cpu.scripted import plain_calls
+    from specasr.backends.process import plain_calls
     from specasr.models.draft import DistilledDraft
     from specasr.runtime.runner import LeanRunner
 

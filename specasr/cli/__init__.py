@@ -7,16 +7,14 @@ the group and `models`. Exit codes: 0 success, 1 some input failed (the others w
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 
 import click
 
-from specasr.backends.cpu import heap
+from specasr.backends import process
 from specasr.cli.app import app as app_command
 from specasr.cli.bench import bench as bench_command
-from specasr.cli.common import claim_process
+from specasr.cli.common import check_compute_type, load_models, model_options
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
 from specasr.cli.transcribe import transcribe as transcribe_command
@@ -26,18 +24,17 @@ from specasr.cli.transcribe import transcribe as transcribe_command
 @click.version_option(package_name="specasr")
 def main() -> None:
     """Whisper transcription with exact speculative decoding."""
-    heap.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.cpu.heap)
+    process.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.process)
 
 
 def run() -> None:
-    """The `specasr` command (`python -m specasr` too): `main`, then a quick exit. Once main
-    has finished, the atexit handlers run (the app's temporary directory, logging, Ray), stdout
-    and stderr are flushed, and the process ends with main's status through os._exit. What
-    that skips is the interpreter's teardown of torch and the models (destructors, freeing
-    hundreds of MB), about 0.3 s of every run that a finished process does not need
-    (docs/benchmarks.md, "Start-up"). Anything but SystemExit (a crash) leaves the usual way,
-    with its traceback. `main` itself stays a plain click group (tests, embedding)."""
-    claim_process()  # model loading may freeze what it made for the collector (`common.start_up`)
+    """The `specasr` command (`python -m specasr` too): `main`, then a quick exit
+    (`specasr.backends.process.quick_exit`, switch SPECASR_QUICK_EXIT): the atexit handlers
+    run, stdout and stderr are flushed, and the process ends with main's status without the
+    interpreter's teardown of torch and the models. Anything but SystemExit (a crash) leaves
+    the usual way, with its traceback. `main` itself stays a plain click group (tests,
+    embedding)."""
+    process.claim_process()  # model loading may freeze what it made for the collector (`process.start_up`)
     try:
         main()
         code = 0
@@ -48,16 +45,7 @@ def run() -> None:
     elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
         print(code, file=sys.stderr)
         code = 1
-    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere exit as usual
-    if run_handlers is None:
-        sys.exit(code)
-    run_handlers()  # the handlers a normal exit would run, once
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing to keep
-            pass
-    os._exit(code)
+    process.quick_exit(code)
 
 
 for _command in (transcribe_command, eval_command, app_command, distill_command, bench_command):
@@ -65,8 +53,23 @@ for _command in (transcribe_command, eval_command, app_command, distill_command,
 
 
 @main.command()
-def models() -> None:
-    """List the model presets and whether each is available locally."""
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Load --model/--draft and say which implementation each model's layers run, and why.",
+)
+@model_options
+def models(
+    explain: bool, model: str, draft: str, device: str | None, dtype: str | None, compute_type: str
+) -> None:
+    """List the model presets and whether each is available locally; --explain: load a pair
+    and say how it runs."""
+    if explain:
+        check_compute_type(compute_type, "exact")
+        pair = load_models(model, draft, "exact", device, dtype, compute_type)
+        for line in pair.explain():
+            click.echo(line)
+        return
     from specasr.models.loading import list_presets
 
     rows = list_presets()

@@ -123,6 +123,6 @@ def app(
         click.echo(f"error: the app needs gradio ({e}): pip install 'specasr[app]'", err=True)
         sys.exit(1)
     with _stop_on_signals(temp_dir):
-        # a long-lived server: the fp16-packed decoder forms' 0.3 s of packing pays back
+        # a long-lived server: the fp16-packed decoder forms' packing time pays back
         pair = load_models(model, draft, "exact", device, dtype, compute_type, half_weights=True)
         launch(build_app(pair, options), options, host=host, port=port, share=share)

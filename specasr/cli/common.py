@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from specasr.backends.process import start_up
 from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
 from specasr.models.presets import PRESETS
 from specasr.options import GAMMA_POLICIES, DecodeOptions
@@ -204,27 +205,6 @@ def prepare_output_dir(output_dir: str) -> None:
             f"cannot write to {output_dir!r}: {reason}" + (f" ({e.filename})" if e.filename else ""),
             param_hint="'--output-dir'",
         ) from e
-
-
-_PROCESS = {"freeze": False}  # set by `cli.run`; the first `start_up` uses it up
-
-
-def claim_process() -> None:
-    """Marks this process as a `specasr` command's own (`cli.run`), so its first `start_up`
-    freezes what start-up made: a test or an embedding caller keeps its collector as it was."""
-    _PROCESS["freeze"] = True
-
-
-def start_up():
-    """Imports and model loading with Python's cyclic collector paused
-    (`specasr.backends.cpu.heap.collector_paused`). In a `specasr` process (`claim_process`) the first
-    one freezes what exists on leaving before the collector resumes; later loads in the same
-    process (`specasr eval`, one model pair per mode) only pause it, so a finished mode's
-    cyclic garbage is never frozen with them."""
-    from specasr.backends.cpu import heap  # no torch
-
-    freeze, _PROCESS["freeze"] = _PROCESS["freeze"], False
-    return heap.collector_paused(freeze=freeze)
 
 
 def load_models(

@@ -87,24 +87,24 @@ class SpeculationCost:
 def stored_cost(pair) -> SpeculationCost | None:
     """A distilled draft's stored cost curve for the backoff policy (its `cost_c` and
     `cost_verify` metadata), or None."""
-    meta = getattr(pair.draft, "meta", None) or {}
+    meta = getattr(getattr(pair, "draft", None), "meta", None) or {}
     if not all(k in meta for k in COST_KEYS):
         return None
     return SpeculationCost.parse(meta["cost_c"], meta["cost_verify"])
 
 
-# Base and its packaged int8 draft on the 2-core dev CPU (docs/benchmarks.md, "Long-form
-# speedup on CPU": the measured c and v(2) … v(5)); break-even α ≈ 0.46. A draft file may
+# Base and its packaged int8 draft on a CPU (measured: docs/benchmarks.md, "Long-form
+# speedup on CPU": c and v(2) … v(5)); break-even α ≈ 0.46. A draft file may
 # carry its own (`cost_c`, `cost_verify` metadata); the figures are CPU ones, for CPU policies.
 CPU_COST = SpeculationCost(0.177, {1: 1.0, 2: 1.28, 3: 1.50, 4: 1.67, 5: 1.88})
 
 # The same for one row of an int8 target (compute type int8 or int8_bfloat16) with the
 # packaged draft's fused C step (`specasr.backends.cpu.fused`): its passes over k tokens cost little
-# more than one step, and the draft step about a seventh of one. `python -m
-# specasr.research.speedup --compute-type int8 --repeats 15` on the 2-core Xeon (session 29:
-# fixture c 0.146, held-out 0.140; the larger v(k) of the two runs, raised to be monotone);
-# break-even α ≈ 0.2. Judged by `CPU_COST` instead, held-out English fell back to target-only
-# steps 38 times in 198 passes: decoder phase 1.78× against 1.94× with this curve.
+# more than one step, and the draft step a small fraction of one. `python -m
+# benchmarks.speedup --compute-type int8 --repeats 15` (the fixture's c and the larger v(k)
+# of the fixture and held-out runs, raised to be monotone; measured: docs/benchmarks.md);
+# break-even α ≈ 0.2. Judged by `CPU_COST` instead, held-out English fell back to
+# target-only steps often enough to lose part of the decoder phase's speedup.
 CPU_COST_INT8 = SpeculationCost(
     0.146, {1: 1.0, 2: 1.05, 3: 1.08, 4: 1.08, 5: 1.15, 6: 1.20, 7: 1.23, 8: 1.31}
 )
@@ -112,11 +112,10 @@ CPU_COST_INT8 = SpeculationCost(
 # A batch of B windows on a CPU (the chunked strategy): a pass over B rows × k tokens, relative
 # to a one-token step of the same B rows, grows faster with k than at B = 1 (B·k token rows of
 # products and of the vocabulary-wide head), and the draft's step reads B rows of cross K/V, so
-# c grows too. Base fp32 with its packaged draft (round 5, pooling 2) on the 2-core Zen 4 dev
-# CPU, session 20: `python -m specasr.research.batch_costs --rows 2,4,8 --repeats 30`, the mean
-# of three runs, each v(k) raised to the v(k − 1) before it where noise put it below (B = 2:
-# v(2), v(3) 0.96, 0.98). The pooled draft reads half the cross K/V of the one before, so c at
-# B = 8 fell from 0.30 (f2392a0's table) to 0.18 (docs/benchmarks.md, "Batch cost curves").
+# c grows too. Base fp32 with its packaged draft (pooling 2): `python -m benchmarks.batch_costs
+# --rows 2,4,8 --repeats 30`, the mean of three runs, each v(k) raised to the v(k − 1) before
+# it where noise put it below. The pooled draft reads half the cross K/V of an unpooled one,
+# which lowers c at large B (measured: docs/benchmarks.md, "Batch cost curves").
 CPU_BATCH_COSTS = {
     2: SpeculationCost(0.158, {1: 1.0, 2: 1.00, 3: 1.00, 4: 1.21, 5: 1.29, 6: 1.33, 7: 1.46, 8: 1.46}),
     4: SpeculationCost(0.180, {1: 1.0, 2: 1.20, 3: 1.32, 4: 1.58, 5: 1.80, 6: 1.89, 7: 2.07, 8: 2.10}),
@@ -128,8 +127,8 @@ CPU_BATCH_COSTS = {
 # row-invariant attention). Its passes over k tokens cost far less more than one step (v(4) 1.2
 # against fp32's 1.9 at B = 8), so the fp32 table would cut its γ short and judge a draft
 # agreeing 0.5 per token a loss where speculation still gains. `python -m
-# specasr.research.batch_costs --rows 2,4,8 --repeats 30 --compute-type int8` on the 2-core
-# Zen 4 (session 20, round 5's draft), the mean of three runs (B = 2: v(8) raised to v(7)).
+# benchmarks.batch_costs --rows 2,4,8 --repeats 30 --compute-type int8` with the packaged
+# draft, the mean of three runs, raised to be monotone (measured: docs/benchmarks.md).
 CPU_BATCH_COSTS_INT8 = {
     2: SpeculationCost(0.220, {1: 1.0, 2: 1.01, 3: 1.05, 4: 1.06, 5: 1.17, 6: 1.25, 7: 1.38, 8: 1.38}),
     4: SpeculationCost(0.193, {1: 1.0, 2: 1.05, 3: 1.11, 4: 1.16, 5: 1.32, 6: 1.41, 7: 1.49, 8: 1.57}),
@@ -282,8 +281,8 @@ class BackoffGamma(GammaPolicy):
     A batch counts every row's tokens (each row keeps what it accepted, so the pooled α̂ is
     the typical row's), and a pass over B > 1 rows is judged, and its γ capped at the best
     fixed γ, under the cost curve measured for that batch size (`batch`, `batch_cost`): at
-    B = 8 on the dev CPU that is γ 2–4 instead of 7. Counting the least-accepting row of 8
-    instead made held-out chunked decoding target-only for 42 of 50 steps.
+    B = 8 on a CPU that caps γ well below the one-row choice. Counting the least-accepting
+    row instead made held-out chunked decoding target-only for most steps.
 
     untrained: the draft was not trained on this decode's language (a distilled draft's
     recipe names its languages). Then it starts target-only for `untrained_wait` steps

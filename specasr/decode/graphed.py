@@ -452,10 +452,10 @@ class GraphedGreedy:
         return out, s
 
 
-# γ policy "auto" in the device loop, from base + its draft on an H200 (docs/benchmarks.md):
+# γ policy "auto" in the device loop, from base + its draft on a GPU (docs/benchmarks.md):
 DEVICE_GAMMA = 5  # text-only decodes: the best fixed γ at B = 1 (the clips, decoder phase)
 # timestamped decodes (`transcribe`'s default, long-form): timestamps are drafted worse, and
-# γ 2 was the best fixed γ end to end, sequential, chunked and per clip (γ 5: 0.94–1.01× AR)
+# γ 2 was the best fixed γ end to end, sequential, chunked and per clip
 DEVICE_GAMMA_TIMESTAMPS = 2
 
 

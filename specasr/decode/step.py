@@ -7,7 +7,7 @@ The speculative step (Leviathan et al.; gpt-fast's shape):
 2. `score`: the target runs once on [last token, d1 … dγ] and yields γ+1 logit rows, each
    filtered with its own context prefix + d1 … di (`filters.py`).
 3. `verify`: `specasr.kernels.verify` accepts n of the drafts per row and draws one more
-   token. Token kinds, as vLLM names them: *accepted* drafts, a *recovered* token at the
+   token. Token kinds (`TOKEN_KINDS`): *accepted* drafts, a *corrected* token at the
    first rejection (drawn from norm(max(0, p − q))), or a *bonus* token when all γ were
    accepted (drawn from p at row γ).
 4. `commit`: each row b appends its own n_b accepted drafts and the verifier's token, and
@@ -275,7 +275,7 @@ class SpeculativeStep:
             uniforms, noise = kernels.make_randomness(B, gamma, V, ctx.gen, dev)
             draft_rows = proposal.full_logits(V)  # [B, γ, V]
         else:  # every mode is argmax matching at T = 0: nothing reads q, r or the noise, so
-            # they are broadcast views, not γ·V floats written per pass (0.1–0.2 ms on a CPU)
+            # they are broadcast views, not γ·V floats written per pass
             uniforms = logits.new_zeros((1, 1), dtype=torch.float32).expand(B, gamma)
             noise = logits.new_ones((1, 1), dtype=torch.float32).expand(B, V)
             draft_rows = logits.new_full((1, 1, 1), -math.inf).expand(B, gamma, V)

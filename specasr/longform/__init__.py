@@ -1,2 +1,3 @@
 """Long-form transcription: windows and fallbacks (`windows`), Whisper's seek loop
-(`sequential`), overlapping batched windows (`chunked`), segment end times (`timing`)."""
+(`sequential`), spans cut at pauses and decoded in batches, never overlapping (`chunked`),
+segment end times (`timing`)."""

@@ -97,7 +97,7 @@ class DistilledDraft(nn.Module):
             "embed": embed,
             "positions": dec.embed_positions.weight,
             # [N, d]: the rows as gathered, which int8 quantisation reads per row (a transposed
-            # copy cost 0.03 s of every load)
+            # copy would add to every load)
             "head": gather_rows(embed, self.vocab_ids.to(embed.device)),
         }
         self.cross_from = [self._same_cross(layer, dec, i) for i, layer in enumerate(self.layers)]
@@ -179,7 +179,7 @@ class DistilledDraft(nn.Module):
         return self.full_logits(self.head(x))
 
     _reduced_vocab: tuple[Tensor, list[int] | None] | None = None
-    reduce_rows = True  # False: the loop filters full rows instead (`research.draft_rows`' A/B)
+    reduce_rows = True  # False: the loop filters full rows instead (`benchmarks.draft_rows`' A/B)
 
     def reduced_logits(self, x: Tensor) -> Tensor:
         """`LeanRunner(reduced=True)`'s hook: x [B, T, d] -> [B, T, N], column j scoring vocab_ids[j]."""
@@ -243,7 +243,7 @@ class DistilledDraft(nn.Module):
         for layer in self.layers:
             fuse_qkv(layer.self_attn, lambda fused: fused)  # quantised with the rest, below
         make = Int8Linear.kept_of if fused else Int8Linear.of  # the fused step reads the int8 rows too
-        # fbgemm packs each matrix on one core (the head alone ~0.06 s): all of them at once
+        # fbgemm packs each matrix on one core (the head is the largest): all of them at once
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
             head = pool.submit(Int8Linear, self._shared["head"], None, keep=fused)  # [N, d]
             swap_linears(self.layers, make, pool)

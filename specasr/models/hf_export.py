@@ -1,4 +1,4 @@
-"""A distilled draft -> a Hugging Face `WhisperForCausalLM` directory (issue 21).
+"""A distilled draft -> a Hugging Face `WhisperForCausalLM` directory.
 
 The export is what `transformers`' assisted generation takes as `assistant_model`:
 `WhisperForConditionalGeneration.generate(..., assistant_model=WhisperForCausalLM

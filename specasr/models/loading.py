@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specasr.backends import process
 from specasr.backends.cpu import bf16, heap
 from specasr.backends.cpu.linear import int8_available
 from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
@@ -94,7 +95,10 @@ class ModelPair:
 
     def explain(self) -> list[str]:
         """Which implementation each model runs and why, a line each (`specasr models --explain`)."""
-        lines = [f"target {self.target_name}: compute type {self.compute_type} on {self.device.type}"]
+        where = self.device.type
+        if where == "cpu":  # the instruction set torch dispatches to: what the CPU forms run on
+            where += f" ({torch.backends.cpu.get_cpu_capability()})"
+        lines = [f"target {self.target_name}: compute type {self.compute_type} on {where}"]
         lines.append(f"  decoder layers: {self.target_form.describe()}")
         if self.draft is not None:
             lines.append(f"draft {self.draft_name}:")
@@ -104,7 +108,7 @@ class ModelPair:
                 lines.append(
                     "  one-token steps: one C call (backends.cpu.fused)"
                     if fused is not None
-                    else "  one-token steps: its layers (no C step: turned off, no compiler or a failed build)"
+                    else "  one-token steps: its layers (no C step: off, no compiler, or a failed build)"
                 )
         return lines
 
@@ -267,7 +271,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-@heap.collector_paused()  # loading makes many long-lived objects: see specasr.backends.cpu.heap
+@process.collector_paused()  # loading makes many long-lived objects: see specasr.backends.process
 def load_pair(
     target: str,
     draft: str | None = "default",
@@ -291,8 +295,8 @@ def load_pair(
     "bfloat16" (the encoder's, CPUs with native bf16: `specasr.backends.cpu.bf16`, lossy),
     "int8_bfloat16" (both) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
-    (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, about 0.3 s
-    more to load); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
+    (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, a longer
+    load; measured: docs/benchmarks.md); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
     dev = _resolve_device(device)
     dtype = dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     if draft == "default":
@@ -334,7 +338,7 @@ def load_pair(
         half_weights = os.environ.get("SPECASR_HALF_WEIGHTS") == "1"
     if half_weights and not int8_decoder(compute_type) and dev.type == "cpu" and dtype == torch.float32:
         use_half_weights(t_model)  # before the lean view below takes its product forms
-    if LeanDecoder.supports(t_model):  # build the CPU view now (~0.4 s for base), not in the first decode
+    if LeanDecoder.supports(t_model):  # build the CPU view now, at load, not in the first decode
         lean_decoder(t_model)
     heap.trim()  # loading freed tensors of many sizes: give the free heap back
     gen = t_model.generation
@@ -365,8 +369,8 @@ def resolve_compute_type(
     "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
     (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
     reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:
-    docs/benchmarks.md), and "int8_bfloat16" where that CPU also has native bf16 (on a Zen 4,
-    autoregressive long-form 1.78 s against int8's 2.13 s and fp32's 2.54 s, same WER), else
+    docs/benchmarks.md), and "int8_bfloat16" where that CPU also has native bf16 (faster than
+    int8 and fp32 on autoregressive long-form at the same WER: docs/benchmarks.md), else
     "float32": when in doubt, the checkpoint's own precision. A
     pair with a draft gets float32 from "auto": speculative decoding promises the checkpoint's
     own greedy tokens by default, and an int8 target (exact against itself,

@@ -84,9 +84,8 @@ class Generation:
 def _in_place() -> bool:
     """Whether the encoder may overwrite its own intermediate tensors: only without autograd,
     which would need them. At 1500 frames that is three 6–24 MB blocks fewer per layer to
-    allocate and, under glibc's default policy, to fault in page by page: 82 000 of 89 000
-    page faults of a 2-window encoder pass, 7% of its time on the 2-core dev CPU
-    (docs/benchmarks.md, "Long-form, in-process")."""
+    allocate and, under glibc's default policy, to fault in page by page: most of an encoder
+    pass's page faults (measured: docs/benchmarks.md, "Long-form, in-process")."""
     return not torch.is_grad_enabled()
 
 
@@ -409,7 +408,7 @@ def load_whisper(
     mapped_embed = where is not None and where.dtype == torch.float32
     skip = {EMBED} if mapped_embed else set()
     # Mapped, not read: most matrices become other forms below (packed, halved), so copying
-    # them first would only fault in fresh pages (0.1–0.15 s for base, docs/benchmarks.md).
+    # them first would only fault in fresh pages (measured: docs/benchmarks.md).
     stored = mapped.map_file(side, skip=skip)
     tensors = {k: wt.t() for k, wt in stored.items()}  # [out, in] views of the stored Wᵀ
     rest = mapped.map_file(main, skip=set(tensors) | skip)
@@ -453,9 +452,10 @@ def use_half_weights(model: Whisper) -> bool:
     `HalfPackedLinear` for few-row passes (`PackedLinear.few`), and the head becomes a
     `HalfPackedHead` (its fp32 blocks rebuilt, from the table, on the first pass of many
     rows). The same fp32 products from half the bytes: a one-token step gets cheaper. The
-    packing costs about 0.3 s for base in a fresh process (fbgemm packs fp16 slowly and its
-    packed form cannot be saved), which a long-lived process (the app, an eval run) earns
-    back within a minute of audio and a one-clip CLI run does not: `load_pair(half_weights=)`.
+    packing adds to every load in a fresh process (fbgemm packs fp16 slowly and its packed
+    form cannot be saved), which a long-lived process (the app, an eval run) earns back
+    quickly and a one-clip CLI run does not (measured: docs/benchmarks.md):
+    `load_pair(half_weights=)`.
     Returns False, changing nothing, where fbgemm's fp16 GEMM is missing or a weight is not
     fp16-exact."""
     from concurrent.futures import ThreadPoolExecutor
@@ -531,7 +531,7 @@ def quantize_target(model: Whisper) -> Whisper:
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
     The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
     (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
-    1.23× faster per window but cost speech on the long-form fixture (docs/benchmarks.md)."""
+    faster per window but cost speech on the long-form fixture (measured: docs/benchmarks.md)."""
     from specasr.backends.cpu.linear import Int8Head, Int8Linear
     from specasr.runtime.layers import fuse_qkv
 

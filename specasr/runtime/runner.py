@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specasr.backends.cpu.linear import Int8Linear, PackedLinear, TransposedLinear, head_form, shared_form
-from specasr.backends.cpu.scripted import fixed_mask, plain_calls
+from specasr.backends.cpu.scripted import fixed_mask
+from specasr.backends.process import plain_calls
 from specasr.constants import N_TEXT_CTX
 from specasr.runtime.forms import LayerForm, choose
 from specasr.runtime.layers import DecoderLayer, embed
@@ -116,15 +117,15 @@ class CrossProducts:
     """Every decoder layer's bf16 cross-attention K/V projection (`specasr.backends.cpu.bf16.Bf16Linear`,
     compute types bfloat16 and int8_bfloat16) as one product for all keys and one for all
     values, [S, d] × [d, L·d] each, where layer by layer a window's set-up ran 2L products of
-    [S, d] × [d, d]: on the 2-core Xeon (int8_bfloat16, base) about 37 → 20 ms a window
-    (docs/benchmarks.md, session 23). Each output is the same dot product over d terms, and the
+    [S, d] × [d, d]: fewer, larger products cut a window's set-up time (measured:
+    docs/benchmarks.md). Each output is the same dot product over d terms, and the
     bits are the layers' own (tested). The layers' weights become views of the joined ones,
     so nothing is held twice.
 
     One row only (B = 1: a window decoded alone, the sequential strategy): from some B on
     oneDNN's kernel for [d, d] × [B, d, S] sums in another order (B = 8 gave other bits than
     the layers' products), so batches keep `DecoderLayer.cross_kv`. fp32 projections keep it
-    too: joining them measured no faster (48 → 51 ms, 47 → 47 ms)."""
+    too: joining them was no faster (measured: docs/benchmarks.md)."""
 
     NONE: CrossProducts  # the marker for layers this cannot serve (set below)
 

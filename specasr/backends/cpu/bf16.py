@@ -5,8 +5,8 @@ encoder's matrices, and the decoder's cross-attention K/V projections (which als
 per window, over its 1500 frames), are held in bf16, and their products take bf16 inputs
 with fp32 accumulation (oneDNN: AVX512_BF16 or AMX). The per-token products (the decoder's
 other matrices and the head) keep their own type, fp32 or int8. The residual stream, the
-layer norms' arithmetic, the biases and attention stay fp32. On the 2-core Zen 4 dev box a
-[3000, 512] × [512, 2048] product takes 15.7 ms in bf16 against 35.3 ms in fp32. Lossy: the
+layer norms' arithmetic, the biases and attention stay fp32. With native bf16 an encoder
+product takes about half its fp32 time (measured: docs/benchmarks.md). Lossy: the
 encoder states move by bf16's rounding (8 significant bits), so this is a model of its own,
 like an int8 target; speculative decoding stays exact against it, since the target and the
 draft read the same states and the same cross K/V. Where the instructions are missing,
@@ -87,7 +87,7 @@ def bf16_encoder(encoder: nn.Module) -> nn.Module:
 def bf16_cross_kv(decoder: nn.Module) -> nn.Module:
     """Makes a Whisper decoder's cross-attention K/V projections bf16 products with fp32
     outputs, in place: they run once per window over its 1500 frames, as the encoder does
-    (the window's set-up: 50 ms of base's fp32 products on the Zen 4 box). Every step then
+    (the window's set-up, a large share of it in fp32: docs/benchmarks.md). Every step then
     reads the same fp32 K/V, so a target's passes stay row-invariant (`specasr.backends.cpu.invariant`)."""
     for layer in decoder.layers:
         a = layer.encoder_attn

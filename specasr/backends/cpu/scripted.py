@@ -27,7 +27,6 @@ eager.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import warnings
@@ -148,7 +147,7 @@ def fixed_attend(
     batch rows share the call: q [B, H, T, dh] (scaled), K, V [B, H, N, dh], mask None or
     [B or 1, 1, T, N] bool (True = attend) -> [B, H, T, dh]. kt: K is given as Kᵀ
     [B, H, dh, N], contiguous (cross-attention, `DecoderLayer.cross_kv(kt=True)`): the scores
-    are then a plain product, up to a sixth faster than over a transposed view (B = 8).
+    are then a plain product, faster than over a transposed view (measured: docs/benchmarks.md).
 
     A BLAS product's summation order depends on its shape: one query row goes through a
     matrix-vector kernel, a few more through small-matrix kernels, and from some row count
@@ -312,53 +311,6 @@ def int8_layer_step(
     return x + int8_product(h, fc2, fc2_b, per_row).view(shape)
 
 
-@contextlib.contextmanager
-def unoptimized_script():
-    """Runs the scripted steps called inside without the JIT's graph optimisation (this
-    thread only; the caller's setting is restored). The profiling executor runs every new
-    input signature twice to profile it and then builds an optimised plan: the loop meets
-    many (1–9 rows, ragged or not, each layer kind), and a fresh process paid about 0.07 s
-    (autoregressive 0.1 s) of that in its first window, for nothing: on CPU these graphs have
-    no fusible pattern, and decoding measured the same speed after warm-up either way
-    (docs/benchmarks.md, "Start-up"). The same ops run in the same order."""
-    if _GET_OPTIMIZE is None or _SET_OPTIMIZE is None:  # a PyTorch without the switch: run as it runs
-        yield
-        return
-    before = _GET_OPTIMIZE()
-    _SET_OPTIMIZE(False)
-    try:
-        yield
-    finally:
-        _SET_OPTIMIZE(before)
-
-
-# the graph executor's thread-local switch, looked up once (every decoder pass enters it)
-_GET_OPTIMIZE = getattr(torch._C, "_get_graph_executor_optimize", None)
-_SET_OPTIMIZE = getattr(torch._C, "_set_graph_executor_optimize", None)
-_NO_SUBCLASS_DISPATCH = getattr(torch._C, "DisableTorchFunctionSubclass", None)
-
-
-@contextlib.contextmanager
-def plain_calls():
-    """A decoder pass's calls from Python into scripted layers and int8 products, without the
-    `__torch_function__` probe of every argument that is not a tensor (this thread).
-
-    Each such call asks every argument for `__torch_function__`. A packed int8 product
-    (`torch.classes.quantized.LinearPackedParamsBase`, six per `int8_layer_step` call and one
-    per `linear.Int8Linear` call) answers by throwing a C++ exception that becomes a Python
-    AttributeError and is caught: a loaded step (`scripted`'s ScriptMethod) took about 75 µs per
-    call with six of them against 5 µs with the probe off, on the 2-core Xeon (session 23;
-    docs/benchmarks.md). The passes hold plain tensors only, so turning off subclass dispatch
-    changes no op: the same ops run in the same order, on the same values. Also runs
-    `unoptimized_script`."""
-    with unoptimized_script():
-        if _NO_SUBCLASS_DISPATCH is None:  # a PyTorch without the switch: run as it runs
-            yield
-            return
-        with _NO_SUBCLASS_DISPATCH():
-            yield
-
-
 SCRIPT_CACHE = 1  # bump to drop every cached compilation
 
 
@@ -375,9 +327,9 @@ def scripted(kind: str):
     """torch.jit.script of `int8_layer_step` ("int8") or `fp32_layer_step` ("fp32"), or None
     where this PyTorch cannot script it.
 
-    Compiling parses this file's source and builds the graphs, about 0.05 s for both kinds
-    in every fresh process; the compilation is cached instead (`_cached_path`) and loaded in
-    about a third of that. A loaded one is the saved graph's `forward` (a ScriptMethod, the
+    Compiling parses this file's source and builds the graphs in every fresh process; the
+    compilation is cached instead (`_cached_path`) and loading it is quicker (measured:
+    docs/benchmarks.md). A loaded one is the saved graph's `forward` (a ScriptMethod, the
     same graph as the function it was saved from: tested bitwise). A cache that cannot be
     read or written only means compiling."""
     fn = {"int8": int8_layer_step, "fp32": fp32_layer_step}[kind]

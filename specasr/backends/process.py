@@ -1,0 +1,302 @@
+"""Process-wide tricks, owned in one place: each is named, says why it exists, and can be
+switched off from the environment.
+
+Every trick here changes how the process runs, never what it computes: with all of them off
+a run produces the same output, only slower or with a larger footprint. They are listed in
+`TRICKS` (name -> environment variable -> what it does); `python -m specasr.backends.process`
+prints the table and whether each trick is on.
+
+Switches: every trick is on by default. `SPECASR_<NAME>=0` (or false/no/off) turns one off,
+e.g. `SPECASR_QUICK_EXIT=0`; `SPECASR_NO_TRICKS=1` turns them all off. The environment is read
+when a trick is used, so a switch set before the call takes effect.
+
+This module sits with the backends, low in the dependency order: it imports only the
+standard library, and torch lazily (inside the tricks that need it), so `import specasr` and
+the CLI's start-up stay free of torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import functools
+import gc
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+
+class Trick(NamedTuple):
+    env: str  # the environment variable that switches it: "0" turns it off
+    does: str  # what it does, in one line
+
+
+TRICKS: dict[str, Trick] = {
+    "lean_heap": Trick(
+        "SPECASR_LEAN_HEAP",
+        "CLI processes: glibc's mmap threshold fixed at 2 MB (mallopt), so large blocks go back "
+        "on free; heap workspaces (the encoder's pass) lift it for their duration",
+    ),
+    "pause_gc": Trick(
+        "SPECASR_PAUSE_GC",
+        "Python's cyclic collector paused during imports and model loading",
+    ),
+    "freeze_gc": Trick(
+        "SPECASR_FREEZE_GC",
+        "a specasr command's first start-up moves what it made out of the collector's sight (gc.freeze)",
+    ),
+    "quick_exit": Trick(
+        "SPECASR_QUICK_EXIT",
+        "the specasr command ends through os._exit once atexit handlers ran and output is "
+        "flushed, skipping the interpreter's teardown",
+    ),
+    "plain_calls": Trick(
+        "SPECASR_PLAIN_CALLS",
+        "decoder passes run with __torch_function__ subclass dispatch off "
+        "(torch._C.DisableTorchFunctionSubclass)",
+    ),
+    "unoptimized_script": Trick(
+        "SPECASR_UNOPTIMIZED_SCRIPT",
+        "decoder passes run scripted layers without the TorchScript graph executor's "
+        "profiling and optimisation (torch._C._set_graph_executor_optimize)",
+    ),
+}
+ALL_OFF = "SPECASR_NO_TRICKS"  # "1" turns every trick off
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def enabled(name: str) -> bool:
+    """Whether the trick `name` (a key of `TRICKS`) is on: it is unless `SPECASR_NO_TRICKS`
+    is set (to anything but a false value) or its own variable is a false value."""
+    trick = TRICKS[name]
+    everything_off = os.environ.get(ALL_OFF, "").strip().lower()
+    if everything_off and everything_off not in _FALSE:
+        return False
+    return os.environ.get(trick.env, "1").strip().lower() not in _FALSE
+
+
+def describe() -> list[str]:
+    """One line per trick: name, environment variable, on/off now, what it does."""
+    return [
+        f"{name:<19} {t.env:<27} {'on ' if enabled(name) else 'off'}  {t.does}" for name, t in TRICKS.items()
+    ]
+
+
+# -- the C heap (glibc malloc): `lean_heap` ------------------------------------------------
+#
+# glibc serves a large block (above its mmap threshold) from a mapping of its own, returned
+# to the system on free, and everything else from the heap. By default the threshold grows
+# to the largest block freed so far (up to 32 MB), so after loading, which frees many
+# weight-sized tensors, temporaries stay resident in the heap and raise the peak RSS.
+# `lean_heap` fixes the threshold for CLI processes; `heap_scope` lifts it for one many-row
+# pass (`specasr.backends.cpu.heap.workspace`). Off glibc every call is a no-op.
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+LEAN_MMAP = 2 << 20  # bytes: the lean policy's threshold (logits of a step are under 2 MB)
+TRIM_DEFAULT = 128 << 10  # bytes: glibc's default trim threshold
+
+_heap_lock = threading.Lock()
+_lean = False  # `lean_heap` was applied
+_depth = 0  # open `heap_scope`s (threads of one process share the policy)
+
+
+@functools.cache  # looked up once: every encoder pass enters and leaves a heap scope
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+def _set(mmap_threshold: int, trim_threshold: int, fallback: int | None = None) -> None:
+    """glibc's mmap and trim thresholds (mallopt); `fallback` for the mmap one where the
+    build refuses the first value."""
+    if (libc := _libc()) is not None:
+        if not libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) and fallback is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, fallback)
+        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
+
+
+def malloc_trim() -> None:
+    """Returns the heap's free memory to the system (glibc's malloc_trim), e.g. after
+    loading. A memory policy's step, not a switchable trick: it frees only what is free."""
+    if (libc := _libc()) is not None:
+        libc.malloc_trim(0)
+
+
+def lean_heap() -> None:
+    """The CLI's heap policy (trick `lean_heap`): blocks over 2 MB are mapped on their own
+    and returned on free, while the decoder's per-step tensors stay in the heap. Without it
+    the threshold grows after loading and temporaries stay resident. CLI processes only: a
+    library user's process keeps its own policy. Applied once no `heap_scope` is open."""
+    global _lean
+    if not enabled("lean_heap"):
+        return
+    with _heap_lock:
+        _lean = True
+        if _depth == 0:
+            _set(LEAN_MMAP, TRIM_DEFAULT)
+
+
+def is_lean() -> bool:
+    """Whether `lean_heap` set the policy in this process."""
+    return _lean
+
+
+@contextmanager
+def heap_scope(mmap_threshold: int, trim_threshold: int, fallback: int | None = None) -> Iterator[None]:
+    """The given thresholds instead of the lean policy's while inside, then the lean policy
+    again and the free heap trimmed (`malloc_trim`). Nothing changes unless `lean_heap` set
+    the policy. Nested and concurrent scopes share one heap mode: the first to enter sets
+    it, the last to leave restores the lean policy."""
+    global _depth
+    if not _lean:
+        yield
+        return
+    with _heap_lock:
+        _depth += 1
+        if _depth == 1:
+            _set(mmap_threshold, trim_threshold, fallback)
+    try:
+        yield
+    finally:
+        with _heap_lock:
+            _depth -= 1
+            if _depth == 0:
+                _set(LEAN_MMAP, TRIM_DEFAULT)
+                malloc_trim()
+
+
+# -- Python's cyclic collector: `pause_gc`, `freeze_gc` --------------------------------------
+
+
+@contextmanager
+def collector_paused(freeze: bool = False) -> Iterator[None]:
+    """Python's cyclic collector off inside (trick `pause_gc`). Imports and model loading
+    create about a million objects that live as long as the process (torch's modules, the
+    models), and the collector's full passes over them find next to nothing (measured:
+    docs/benchmarks.md, "Start-up"). On leaving, with `freeze` (and trick `freeze_gc` on),
+    what exists is moved out of the collector's sight (`gc.freeze`: later passes skip it),
+    then the collector resumes. Nothing when it was off already (nested scopes, a caller's
+    own choice): a library caller's collector simply resumes, and one that was off stays off.
+    Usable as a decorator."""
+    paused = gc.isenabled() and enabled("pause_gc")
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            if freeze and enabled("freeze_gc"):
+                gc.freeze()
+            gc.enable()
+
+
+_PROCESS = {"freeze": False}  # set by `claim_process`; the first `start_up` uses it up
+
+
+def claim_process() -> None:
+    """Marks this process as a `specasr` command's own (`specasr.cli.run`), so its first
+    `start_up` freezes what start-up made: a test or an embedding caller keeps its collector
+    as it was."""
+    _PROCESS["freeze"] = True
+
+
+def start_up():
+    """Imports and model loading with Python's cyclic collector paused (`collector_paused`).
+    In a `specasr` process (`claim_process`) the first one freezes what exists on leaving
+    before the collector resumes; later loads in the same process (`specasr eval`, one model
+    pair per mode) only pause it, so a finished mode's cyclic garbage is never frozen with
+    them."""
+    freeze, _PROCESS["freeze"] = _PROCESS["freeze"], False
+    return collector_paused(freeze=freeze)
+
+
+# -- leaving the process: `quick_exit` -------------------------------------------------------
+
+
+def quick_exit(code: int) -> None:
+    """Ends the process with status `code` (trick `quick_exit`): the atexit handlers a normal
+    exit would run (a temporary directory, logging, Ray) run once, stdout and stderr are
+    flushed, and then os._exit. What that skips is the interpreter's teardown of torch and
+    the models (destructors, freeing hundreds of MB), which a finished process does not need
+    (measured: docs/benchmarks.md, "Start-up"). With the trick off, or on an interpreter
+    without CPython's `atexit._run_exitfuncs`, it is `sys.exit(code)`. Never returns."""
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's; elsewhere exit as usual
+    if run_handlers is None or not enabled("quick_exit"):
+        sys.exit(code)
+    run_handlers()  # the handlers a normal exit would run, once
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing to keep
+            pass
+    os._exit(code)
+
+
+# -- private torch switches for decoder passes: `unoptimized_script`, `plain_calls` ---------
+
+
+@functools.cache
+def _torch_switches() -> tuple:
+    """torch._C's graph-executor switch (get, set) and the subclass-dispatch guard, looked up
+    once (every decoder pass enters them); None where this PyTorch lacks one."""
+    import torch
+
+    return (
+        getattr(torch._C, "_get_graph_executor_optimize", None),
+        getattr(torch._C, "_set_graph_executor_optimize", None),
+        getattr(torch._C, "DisableTorchFunctionSubclass", None),
+    )
+
+
+@contextlib.contextmanager
+def unoptimized_script() -> Iterator[None]:
+    """Runs the scripted steps called inside without the JIT's graph optimisation (trick
+    `unoptimized_script`; this thread only; the caller's setting is restored). The profiling
+    executor runs every new input signature twice to profile it and then builds an optimised
+    plan: the loop meets many (1–9 rows, ragged or not, each layer kind), and a fresh process
+    paid for that in its first window for nothing: on CPU these graphs have no fusible
+    pattern, and decoding runs at the same speed after warm-up either way (measured:
+    docs/benchmarks.md, "Start-up"). The same ops run in the same order."""
+    get_optimize, set_optimize, _ = _torch_switches()
+    if get_optimize is None or set_optimize is None or not enabled("unoptimized_script"):
+        yield  # a PyTorch without the switch, or the trick off: run as it runs
+        return
+    before = get_optimize()
+    set_optimize(False)
+    try:
+        yield
+    finally:
+        set_optimize(before)
+
+
+@contextlib.contextmanager
+def plain_calls() -> Iterator[None]:
+    """A decoder pass's calls from Python into scripted layers and int8 products, without the
+    `__torch_function__` probe of every argument that is not a tensor (trick `plain_calls`;
+    this thread).
+
+    Each such call asks every argument for `__torch_function__`. A packed int8 product
+    (`torch.classes.quantized.LinearPackedParamsBase`, six per `int8_layer_step` call and one
+    per `linear.Int8Linear` call) answers by throwing a C++ exception that becomes a Python
+    AttributeError and is caught, which costs far more than the call itself (measured:
+    docs/benchmarks.md). The passes hold plain tensors only, so turning off subclass dispatch
+    changes no op: the same ops run in the same order, on the same values. Also runs
+    `unoptimized_script`."""
+    with unoptimized_script():
+        no_subclass_dispatch = _torch_switches()[2]
+        if no_subclass_dispatch is None or not enabled("plain_calls"):
+            yield  # a PyTorch without the switch, or the trick off: run as it runs
+            return
+        with no_subclass_dispatch():
+            yield
+
+
+if __name__ == "__main__":
+    print("\n".join(describe()))

@@ -1,0 +1,202 @@
+"""The process-wide tricks (`specasr.backends.process`): each is on by default, and its switch
+(`SPECASR_<NAME>=0`, or `SPECASR_NO_TRICKS=1` for all) makes it a no-op."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specasr.backends import process
+from specasr.backends.cpu import heap
+
+
+@pytest.fixture(autouse=True)
+def default_switches(monkeypatch):
+    """Every test starts with no switch set."""
+    monkeypatch.delenv(process.ALL_OFF, raising=False)
+    for trick in process.TRICKS.values():
+        monkeypatch.delenv(trick.env, raising=False)
+
+
+def _env(**switches: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECASR_")}
+    return {**env, **switches}
+
+
+def test_every_trick_is_listed_with_its_switch_and_on_by_default():
+    assert set(process.TRICKS) == {
+        "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "plain_calls", "unoptimized_script"
+    }  # fmt: skip
+    for name, trick in process.TRICKS.items():
+        assert trick.env == f"SPECASR_{name.upper()}" and trick.does
+        assert process.enabled(name)
+    lines = process.describe()
+    assert len(lines) == len(process.TRICKS) and all(" on " in line for line in lines)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "off"])
+def test_a_trick_is_switched_off_by_its_own_variable_only(monkeypatch, value):
+    monkeypatch.setenv("SPECASR_QUICK_EXIT", value)
+    assert not process.enabled("quick_exit")
+    assert all(process.enabled(name) for name in process.TRICKS if name != "quick_exit")
+
+
+def test_no_tricks_switches_every_trick_off(monkeypatch):
+    monkeypatch.setenv(process.ALL_OFF, "1")
+    assert not any(process.enabled(name) for name in process.TRICKS)
+    monkeypatch.setenv(process.ALL_OFF, "0")
+    assert all(process.enabled(name) for name in process.TRICKS)
+
+
+def test_the_module_lists_the_tricks():
+    out = subprocess.run(
+        [sys.executable, "-m", "specasr.backends.process"],
+        capture_output=True, text=True, check=True, env=_env(SPECASR_PAUSE_GC="0"),
+    ).stdout  # fmt: skip
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()}
+    assert rows == {name: ("off" if name == "pause_gc" else "on") for name in process.TRICKS}
+
+
+# -- lean_heap -----------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def mallopt(monkeypatch):
+    """Records mallopt settings and trims instead of making them; the policy starts unset."""
+    seen: list = []
+    monkeypatch.setattr(process, "_set", lambda *a: seen.append(("set", *a)))
+    monkeypatch.setattr(process, "malloc_trim", lambda: seen.append(("trim",)))
+    monkeypatch.setattr(process, "_lean", False)
+    monkeypatch.setattr(process, "_depth", 0)
+    return seen
+
+
+def test_lean_heap_sets_the_threshold_by_default(mallopt):
+    process.lean_heap()
+    assert mallopt == [("set", process.LEAN_MMAP, process.TRIM_DEFAULT)] and process.is_lean()
+
+
+@pytest.mark.parametrize("switch", ["SPECASR_LEAN_HEAP", "SPECASR_NO_TRICKS"])
+def test_lean_heap_off_calls_no_mallopt_and_leaves_workspaces_inert(mallopt, monkeypatch, switch):
+    monkeypatch.setenv(switch, "0" if switch == "SPECASR_LEAN_HEAP" else "1")
+    process.lean_heap()
+    with heap.workspace():
+        pass
+    assert mallopt == [] and not process.is_lean()
+
+
+# -- pause_gc, freeze_gc ---------------------------------------------------------------------
+
+_COLLECTOR = """
+import gc, json
+from specasr.backends import process
+frozen = gc.get_freeze_count()
+with process.collector_paused(freeze=True):
+    inside = gc.isenabled()
+    made = [[i] for i in range(1000)]  # containers the collector tracks
+print(json.dumps({"inside": inside, "after": gc.isenabled(),
+                  "frozen": gc.get_freeze_count() - frozen >= 1000}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("switches", "expect"),
+    [
+        ({}, {"inside": False, "after": True, "frozen": True}),
+        ({"SPECASR_FREEZE_GC": "0"}, {"inside": False, "after": True, "frozen": False}),
+        ({"SPECASR_PAUSE_GC": "0"}, {"inside": True, "after": True, "frozen": False}),
+        ({"SPECASR_NO_TRICKS": "1"}, {"inside": True, "after": True, "frozen": False}),
+    ],
+)
+def test_collector_switches(switches, expect):
+    """In a fresh process (a freeze would outlive the test)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR], capture_output=True, text=True, check=True, env=_env(**switches)
+    ).stdout
+    assert json.loads(out) == expect
+
+
+def test_pause_gc_off_leaves_the_collector_running_here(monkeypatch):
+    assert gc.isenabled()
+    monkeypatch.setenv("SPECASR_PAUSE_GC", "0")
+    with process.collector_paused():
+        assert gc.isenabled()
+    monkeypatch.delenv("SPECASR_PAUSE_GC")
+    with process.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+# -- quick_exit ------------------------------------------------------------------------------
+
+_EXIT = """
+import atexit, sys
+import click
+from specasr import cli
+
+@cli.main.command("probe")
+def probe():
+    atexit.register(lambda: print("atexit ran", file=sys.stderr))
+    sys.stdout.write("written, ")
+    sys.exit(3)
+
+sys.argv = ["specasr", "probe"]
+try:
+    cli.run()
+except SystemExit as e:  # only without the quick exit: os._exit never raises
+    sys.stdout.write(f"through sys.exit({e.code})")
+    raise
+"""
+
+
+@pytest.mark.parametrize(
+    ("switches", "through_sys_exit"),
+    [({}, False), ({"SPECASR_QUICK_EXIT": "0"}, True), ({"SPECASR_NO_TRICKS": "1"}, True)],
+)
+def test_quick_exit_switch(switches, through_sys_exit):
+    child = subprocess.run(
+        [sys.executable, "-c", _EXIT], capture_output=True, text=True, timeout=120, env=_env(**switches)
+    )
+    assert child.returncode == 3, child.stderr
+    assert "atexit ran" in child.stderr
+    want = "written, through sys.exit(3)" if through_sys_exit else "written, "
+    assert child.stdout == want
+
+
+# -- plain_calls, unoptimized_script ---------------------------------------------------------
+
+
+def test_plain_calls_turns_off_subclass_dispatch_and_the_jit_optimisation_by_default():
+    with torch.jit.optimized_execution(True):
+        with process.plain_calls():
+            assert not torch._C._is_torch_function_enabled()
+            assert torch._C._get_graph_executor_optimize() is False
+        assert torch._C._is_torch_function_enabled()
+        assert torch._C._get_graph_executor_optimize() is True
+
+
+def test_plain_calls_off_keeps_subclass_dispatch(monkeypatch):
+    monkeypatch.setenv("SPECASR_PLAIN_CALLS", "0")
+    with torch.jit.optimized_execution(True), process.plain_calls():
+        assert torch._C._is_torch_function_enabled()
+        assert torch._C._get_graph_executor_optimize() is False  # its own switch still on
+
+
+def test_unoptimized_script_off_keeps_the_jit_optimisation(monkeypatch):
+    monkeypatch.setenv("SPECASR_UNOPTIMIZED_SCRIPT", "0")
+    with torch.jit.optimized_execution(True), process.plain_calls():
+        assert torch._C._get_graph_executor_optimize() is True
+        assert not torch._C._is_torch_function_enabled()
+
+
+def test_no_tricks_leaves_torch_as_it_is(monkeypatch):
+    monkeypatch.setenv("SPECASR_NO_TRICKS", "1")
+    with torch.jit.optimized_execution(True), process.plain_calls():
+        assert torch._C._is_torch_function_enabled()
+        assert torch._C._get_graph_executor_optimize() is True

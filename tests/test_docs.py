@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specasr.research import docs_check
+from benchmarks import docs_check
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = "python -m specasr.research.speedup --repeats 16"
+COMMAND = "python -m benchmarks.speedup --repeats 16"
 TABLE = "| a | b |\n|---|---|\n| 1 | 2 |\n"
 
 
@@ -46,8 +46,8 @@ def test_missing_reader_line_fails():
 
 
 def test_unknown_module_fails():
-    problems = docs_check.check(page("python -m specasr.research.no_such_bench --repeats 3"))
-    assert any("no module 'specasr.research.no_such_bench'" in p for p in problems)
+    problems = docs_check.check(page("python -m benchmarks.no_such_bench --repeats 3"))
+    assert any("no module 'benchmarks.no_such_bench'" in p for p in problems)
 
 
 def test_command_outside_specasr_fails():

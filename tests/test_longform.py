@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import with_self_draft, write_corpus
 
+from benchmarks.longform import LongRecording, long_recording
 from specasr.eval.metric import wer
 from specasr.longform import windows as longform
 from specasr.longform.windows import is_silence, needs_fallback, split_window
 from specasr.options import TranscribeOptions
-from specasr.research.longform import LongRecording, long_recording
 from specasr.results import DecodeResult, Segment, compression_ratio
 from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
@@ -387,7 +387,7 @@ def _corpus(root, librivox, n: int = 2):
 def test_a_corpus_recording_joins_one_sources_windows_with_silences(tmp_path, librivox):
     import click
 
-    from specasr.research.longform import corpus_recording
+    from benchmarks.longform import corpus_recording
 
     rec, language = corpus_recording(_corpus(tmp_path, librivox), "librivox:en", 5, gap=1.0)
     assert language == "en" and rec.texts == [c.text for c in librivox[:2]]
@@ -402,7 +402,7 @@ def test_a_corpus_recording_joins_one_sources_windows_with_silences(tmp_path, li
 def test_the_long_form_benchmark_runs_on_a_held_out_corpus(tmp_path, librivox):
     from click.testing import CliRunner
 
-    from specasr.research import longform as bench
+    from benchmarks import longform as bench
 
     args = ["--corpus", str(_corpus(tmp_path, librivox)), "--source", "librivox:en", "--repeats", "1"]
     result = CliRunner().invoke(bench.main, [*args, "--batch-size", "2"])
@@ -421,8 +421,8 @@ def test_the_long_form_benchmark_loads_the_dtype_it_is_given(monkeypatch, tmp_pa
     device's default (None)."""
     from click.testing import CliRunner
 
+    from benchmarks import longform as bench
     from specasr.models import loading
-    from specasr.research import longform as bench
 
     seen = []
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks.longform import long_recording
 from specasr.backends.cpu.linear import int8_available
 from specasr.decode.loop import decode
 from specasr.models.draft import DistilledDraft
 from specasr.models.loading import PRESETS, packaged_draft
 from specasr.options import DecodeOptions, TranscribeOptions
-from specasr.research.longform import long_recording
 from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
 

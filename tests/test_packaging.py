@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -83,4 +85,63 @@ def test_the_fused_draft_steps_c_source_ships_in_the_wheel():
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert fused.SOURCE in data["specasr.backends.cpu"]
-    assert (ROOT / "specasr" / "cpu" / fused.SOURCE).is_file()
+    assert (ROOT / "specasr" / "backends" / "cpu" / fused.SOURCE).is_file()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from a copy of the checkout (so no build/ is left in it, nor a stale one
+    read), benchmarks/ included in the copy: the wheel must leave it out."""
+    import shutil
+
+    src = tmp_path_factory.mktemp("src")
+    for name in ("specasr", "kernels", "apps", "recipes", "benchmarks"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src)
+    out = src / "dist"
+    build = ["pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), "."]
+    subprocess.run([sys.executable, "-m", *build], cwd=src, check=True, capture_output=True)
+    (path,) = out.glob("specasr-*.whl")
+    return path
+
+
+@pytest.mark.slow  # a wheel build: 5-10 s on a 2-core CPU
+def test_the_wheel_holds_the_package_and_not_the_lab(wheel):
+    import zipfile
+
+    from specasr.backends.cpu import fused
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith("benchmarks/") or "research" in n.split("/")]
+    for name in (
+        "specasr/runtime/forms.py",
+        f"specasr/backends/cpu/{fused.SOURCE}",
+        "specasr/eval/bench.py",
+        "specasr/cli/bench.py",
+        "specasr/kernels/bench.py",
+        "specasr/assets/example.wav",
+    ):
+        assert name in names, name
+
+
+@pytest.mark.slow  # the same wheel
+def test_specasr_bench_runs_from_the_wheel_without_the_checkout(wheel, tmp_path):
+    """`specasr bench` (specasr/eval/bench.py) imports nothing from benchmarks/: from the unpacked
+    wheel, outside the checkout, its module imports and its --help runs."""
+    import os
+    import zipfile
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = os.environ | {"PYTHONPATH": str(site)}
+    probe = (
+        "import sys, specasr, specasr.eval.bench, specasr.cli.bench\n"
+        "print(specasr.__file__); print('benchmarks' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(site / "specasr" / "__init__.py"), "False"], out.stdout
+    bench = [sys.executable, "-m", "specasr", "bench", "--help"]
+    help_ = subprocess.run(bench, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert help_.returncode == 0 and "--repeats" in help_.stdout, help_.stderr

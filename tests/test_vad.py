@@ -9,10 +9,10 @@ import soundfile as sf
 import torch
 from click.testing import CliRunner
 
+from benchmarks.longform import LongRecording, long_recording
 from specasr.eval.metric import wer
 from specasr.longform.vad import CHUNK, SpeechMap, detect_speech, speech_chunks, speech_probabilities
 from specasr.options import TranscribeOptions, VadOptions
-from specasr.research.longform import LongRecording, long_recording
 from specasr.results import Segment
 from specasr.transcription import transcribe
 

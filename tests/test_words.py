@@ -11,11 +11,11 @@ from conftest import with_self_draft
 from scipy.ndimage import median_filter as scipy_median
 from tiny_pairs import random_tiny_pair
 
+from benchmarks.longform import long_recording
 from specasr.longform import words as W
 from specasr.models.loading import offline_files
 from specasr.models.whisper import Generation, WhisperDims
 from specasr.options import TranscribeOptions
-from specasr.research.longform import long_recording
 from specasr.results import Segment, TranscriptionInfo
 from specasr.stats import DecodeStats
 from specasr.tokenizer import Tokenizer
@@ -278,7 +278,7 @@ def test_real_words_lie_in_their_segments_and_clips(tiny_en_pair, recording, ar_
 
 def test_words_agree_with_faster_whisper_on_a_clip(tiny_en_pair, librivox):
     pytest.importorskip("faster_whisper")  # the `bench` extra
-    from specasr.research import words as bench
+    from benchmarks import words as bench
 
     audio = long_recording(librivox[0].path.parent, repeats=1).samples[: 20 * SR]
     fw = bench.faster_whisper(bench.fw_dir("tiny.en"), audio, "en")

@@ -58,7 +58,7 @@ def bench(
 
     import torch
 
-    from specasr.research.bench import file_mels, logit_pairs, run_bench
+    from specasr.eval.bench import file_mels, logit_pairs, run_bench
 
     check_compute_type(compute_type, modes)
     pair = load_models(model, draft, modes[0], device, dtype, compute_type)

@@ -245,7 +245,7 @@ def eval_(name, merge_dirs, data_dir, download, cache_dir, model, draft, modes, 
     mode = "exact" if any(m != "autoregressive" for m in options.modes) else "autoregressive"
     evaluator = None
     try:
-        # a dataset run: the fp16-packed decoder forms' 0.3 s of packing pays back
+        # a dataset run: the fp16-packed decoder forms' packing time pays back
         if ray is None:
             pair = load_models(model, draft, mode, device, dtype, compute_type, half_weights=True)
             meta = {"dataset": name, "model": model} | pair_meta(pair, options.modes)

@@ -1,0 +1,60 @@
+"""`python -m benchmarks.whole_process`: which commands it times, and that the batched
+rows run as written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.resources import files
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks.whole_process import BATCHED, FW_SCRIPT, ct2_dir, rows_for
+from specasr.cli import main
+
+EXAMPLE = str(files("specasr") / "assets" / "example.wav")
+
+
+def test_batched_rows_are_added_only_when_asked():
+    plain = rows_for("x.wav", Path("ct2"), 2)
+    both = rows_for("x.wav", Path("ct2"), 2, batched=True)
+    assert not any("batched" in r.name or "--vad" in r.command for r in plain)
+    extra = [r for r in both if r.name not in {p.name for p in plain}]
+    ours = [r for r in extra if r.name.startswith("specasr")]
+    fw = [r for r in extra if r.name.startswith("faster-whisper")]
+    assert len(ours) == 2 and len(fw) == 2
+    for r in ours:  # exact, fp32 and int8, on the text-only batched path
+        assert r.command[-len(BATCHED) :] == BATCHED and "exact" in r.command
+    assert [r for r in ours if "int8" in r.command]
+    assert all(FW_SCRIPT in r.command and r.command[-2:] == ["x.wav", "8"] for r in fw)  # batches of 8
+    assert {r.command[-4] for r in fw} == {"float32", "int8"}
+
+
+def test_int8_bfloat16_rows_come_only_where_bf16_is_native():
+    plain = rows_for("x.wav", None, 2, batched=True)
+    with_bf16 = rows_for("x.wav", None, 2, batched=True, bf16=True)
+    assert not any("int8_bfloat16" in r.command for r in plain)
+    extra = [r for r in with_bf16 if r.name not in {p.name for p in plain}]
+    assert len(extra) == 2 and all(
+        r.command[r.command.index("--compute-type") + 1] == "int8_bfloat16" for r in extra
+    )
+    assert sum(r.command[-len(BATCHED) :] == BATCHED for r in extra) == 1  # one per path
+
+
+@pytest.mark.slow  # tiny.en through the CLI
+def test_the_cli_takes_the_batched_flags(tmp_path):
+    args = ["transcribe", EXAMPLE, "--model", "tiny.en", "--mode", "autoregressive", "-o", str(tmp_path)]
+    result = CliRunner().invoke(main, [*args, *BATCHED])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "example.txt").read_text().strip()
+
+
+@pytest.mark.slow  # base's CTranslate2 files through faster-whisper
+@pytest.mark.skipif(find_spec("faster_whisper") is None, reason="faster-whisper is optional (specasr[bench])")
+def test_faster_whispers_batched_script_transcribes_the_example(tmp_path):
+    cmd = [sys.executable, "-c", FW_SCRIPT, str(ct2_dir(tmp_path)), "int8", "2", EXAMPLE, "8"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert len(out.stdout.split()) > 5 and "PHASES" in out.stderr

@@ -1,6 +1,7 @@
 """Whole-process speed and memory: `specasr transcribe` against faster-whisper, side by side.
 
     python -m benchmarks.whole_process --repeats 5 [--long [--batched]] [--threads N]
+        [--corpus CORPUS/heldout --source asterisk:en --per-source 16]
 
 Each command runs as a fresh process, as a user runs it (specasr's bytecode compiled first,
 as an install from a wheel has it: `compile_bytecode`), in interleaved rounds so machine
@@ -15,7 +16,10 @@ Rows:
 - `specasr transcribe CLIP --mode exact|autoregressive [--compute-type int8]`: the CLI, models
   loaded every run;
 - `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores);
-- with `--long --batched`, on the long-form fixture: each system's batched, text-only path
+- `--long`: the long-form fixture, or with `--corpus` windows of one source of a corpus split
+  joined with silences (e.g. held-out speech no draft trained on; English sources, as both
+  systems decode with language "en");
+- with `--long --batched`, on that recording: each system's batched, text-only path
   (VAD, batches of 8 windows, no timestamps): specasr exact fp32 and int8, faster-whisper's
   `BatchedInferencePipeline` fp32 and int8;
 - on a CPU with native bf16 (`specasr.backends.cpu.bf16.available`), specasr exact `--compute-type
@@ -38,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+
+from benchmarks.longform import corpus_options
 
 # stdout: the transcript; stderr: a PHASES line of perf_counter marks (`benchmarks.startup`).
 # A fifth argument, a batch size, runs faster-whisper's `BatchedInferencePipeline` instead:
@@ -214,7 +220,17 @@ def measure(rows: list[Row], repeats: int) -> None:
     is_flag=True,
     help="Long-form fixture: also each system's batched text-only path (VAD, batches of 8, no timestamps).",
 )
-def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> None:
+@corpus_options
+def main(
+    repeats: int,
+    long_: bool,
+    threads: int,
+    data: str,
+    batched: bool,
+    corpus: str | None,
+    source: str,
+    per_source: int,
+) -> None:
     from importlib.resources import files
     from importlib.util import find_spec
 
@@ -231,13 +247,16 @@ def main(repeats: int, long_: bool, threads: int, data: str, batched: bool) -> N
         if long_:
             import soundfile as sf
 
-            from benchmarks.longform import long_recording
+            from benchmarks.longform import recording
             from specasr.constants import SAMPLE_RATE
 
-            rec = long_recording(data)
+            rec, language = recording(data, corpus, source, per_source)
             path = work / "long.wav"
             sf.write(path, rec.samples, SAMPLE_RATE)
-            clips.append((f"long-form fixture ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
+            what = "long-form fixture" if corpus is None else f"{source}, {per_source} windows of {corpus}"
+            if language not in (None, "en"):
+                raise click.BadParameter(f"{source} is {language}: both systems decode English here")
+            clips.append((f"{what} ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
         load = Row('import + load_pair("base")', [sys.executable, "-c", LOAD_SCRIPT])
         measure([load], repeats)
         click.echo(f"{repeats} runs each, interleaved, fresh processes; {os.cpu_count()} cores\n")

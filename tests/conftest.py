@@ -31,13 +31,17 @@ REAL_WEIGHT_FIXTURES = frozenset(
 )
 
 
-# Tests without real weights that still take 5-25 s each on a 2-core CPU: checks that the
+# Tests without real weights that still take 5-35 s each on a 2-core CPU: checks that the
 # statistical distribution tests have the power to reject a wrong verifier (the distribution
-# tests themselves stay in the fast tier). Listed here as "file::test" (every parametrisation).
+# tests themselves stay in the fast tier), and the lab's A/B harnesses. Listed here as
+# "file::test" (every parametrisation).
 SLOW_WITHOUT_WEIGHTS = frozenset(
     {
         "test_kernels_torch.py::test_distribution_test_rejects_a_wrong_verifier",
         "test_decoding_tiny.py::test_sampling_check_rejects_an_always_accepting_verifier",
+        # the lab's A/B harnesses (benchmarks/tests): every configuration decoded side by side
+        "test_half_weights_bench.py::test_the_ab_table_reports_every_configuration_with_the_same_tokens",
+        "test_draft_rows_bench.py::test_the_ab_table_reports_both_strategies_with_the_same_passes",
     }
 )
 

@@ -54,6 +54,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(slow)
 
 
+@pytest.fixture()
+def heap_calls(monkeypatch):
+    """Records the heap policy's mallopt settings and trims (`specasr.backends.process`)
+    instead of making them; the policy starts unset."""
+    from specasr.backends import process
+
+    seen: list = []
+    monkeypatch.setattr(process, "_set", lambda *a: seen.append(("set", *a)))
+    monkeypatch.setattr(process, "malloc_trim", lambda: seen.append(("trim",)))
+    monkeypatch.setattr(process, "_lean", False)
+    monkeypatch.setattr(process, "_depth", 0)
+    return seen
+
+
 class Clip(NamedTuple):
     id: str
     path: Path  # 16 kHz mono PCM_16 wav

@@ -14,14 +14,8 @@ from specasr.backends.cpu import heap
 
 
 @pytest.fixture()
-def calls(monkeypatch):
-    """Records mallopt settings and trims instead of making them; the policy starts unset."""
-    seen: list = []
-    monkeypatch.setattr(process, "_set", lambda *a: seen.append(("set", *a)))
-    monkeypatch.setattr(process, "malloc_trim", lambda: seen.append(("trim",)))
-    monkeypatch.setattr(process, "_lean", False)
-    monkeypatch.setattr(process, "_depth", 0)
-    return seen
+def calls(heap_calls):
+    return heap_calls
 
 
 def test_workspace_changes_nothing_without_the_lean_policy(calls):

@@ -67,14 +67,8 @@ def test_the_module_lists_the_tricks():
 
 
 @pytest.fixture()
-def mallopt(monkeypatch):
-    """Records mallopt settings and trims instead of making them; the policy starts unset."""
-    seen: list = []
-    monkeypatch.setattr(process, "_set", lambda *a: seen.append(("set", *a)))
-    monkeypatch.setattr(process, "malloc_trim", lambda: seen.append(("trim",)))
-    monkeypatch.setattr(process, "_lean", False)
-    monkeypatch.setattr(process, "_depth", 0)
-    return seen
+def mallopt(heap_calls):
+    return heap_calls
 
 
 def test_lean_heap_sets_the_threshold_by_default(mallopt):

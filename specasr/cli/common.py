@@ -325,7 +325,7 @@ model_options = _stack(
     compute_type_option(
         "The target's products. int8 (CPU): the decoder's, faster, a lossy model of its own; "
         "speculative modes give its own greedy tokens. bfloat16 (CPUs with AVX512_BF16 or AMX): "
-        "the once-per-window products, about 1.4x faster per window, lossy; int8_bfloat16: both. "
+        "the once-per-window products, faster per window, lossy; int8_bfloat16: both. "
         "auto: int8 for --mode autoregressive on AVX2/AVX-512 CPUs with fbgemm (int8_bfloat16 with "
         "native bf16), else float32.",
     ),

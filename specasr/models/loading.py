@@ -392,7 +392,7 @@ def resolve_compute_type(
     if bf16_window(compute_type) and not (cpu32 and bf16.available()):
         raise ValueError(
             f"compute type {compute_type} runs on a CPU in fp32 with native bf16 dot products "
-            "(AVX512_BF16 or AMX), where it is about 2x faster per encoder product; elsewhere bf16 is "
+            "(AVX512_BF16 or AMX), where it is faster per encoder product; elsewhere bf16 is "
             f"emulated, slower than fp32. Here: device {device.type}, dtype "
             f"{str(dtype).removeprefix('torch.')}, native bf16 {'yes' if bf16.available() else 'no'}"
         )

@@ -29,11 +29,40 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _imported(node: ast.AST, package: str, known: set[str]) -> set[str]:
+    """The modules one import statement names (relative ones resolved against `package`);
+    empty for any other node."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return {f"{base}.{a.name}" for a in node.names} & known or {base}  # `from . import exact`
+
+
+def _project_modules(found: set[str], known: set[str]) -> set[str]:
+    """Each imported name as the project module that holds it (outside ones dropped)."""
+    out = set()
+    for mod in found:
+        while mod and mod not in known:
+            mod = mod.rpartition(".")[0]
+        if mod:
+            out.add(mod)
+    return out
+
+
+def _package_of_file(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _imports_at_load(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules imported when `name` is loaded: module-level imports only (imports
     inside functions run later and cannot make a load-time cycle), TYPE_CHECKING excluded."""
     tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package_of_file(name, path)
     found = set()
 
     def visit(nodes):
@@ -44,25 +73,12 @@ def _imports_at_load(name: str, path: Path, known: set[str]) -> set[str]:
                 visit(node.body + node.orelse + getattr(node, "finalbody", []))
                 for handler in getattr(node, "handlers", []):
                     visit(handler.body)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                subs = {f"{base}.{a.name}" for a in node.names} & known  # `from . import exact`
-                found.update(subs or {base})
+            else:
+                found.update(_imported(node, package, known))
 
     visit(tree.body)
-    deps = set()
-    for mod in found:
-        while mod and mod not in known:
-            mod = mod.rpartition(".")[0]
-        # a module's own packages are already loading when it runs: not a dependency
-        if mod and mod != name and not name.startswith(mod + "."):
-            deps.add(mod)
-    return deps
+    # a module's own packages are already loading when it runs: not a dependency
+    return {m for m in _project_modules(found, known) if m != name and not name.startswith(m + ".")}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -143,25 +159,11 @@ def _package(module: str) -> str:
 def _every_import(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules `name` imports anywhere in its file, inside functions and
     TYPE_CHECKING blocks too: a package's dependencies, not only its load-time ones."""
-    tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package_of_file(name, path)
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            found.update({f"{base}.{a.name}" for a in node.names} & known or {base})
-    out = set()
-    for mod in found:
-        while mod and mod not in known:
-            mod = mod.rpartition(".")[0]
-        if mod:
-            out.add(mod)
-    return out
+    for node in ast.walk(ast.parse(path.read_text())):
+        found.update(_imported(node, package, known))
+    return _project_modules(found, known)
 
 
 def _back_edges(graph: dict[str, set[str]]) -> list[tuple[str, str]]:

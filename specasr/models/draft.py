@@ -79,7 +79,7 @@ class DistilledDraft(nn.Module):
         # the dtype its runners keep cross K/V in (`quantize_int8`); None: as computed (fp16 on CUDA)
         self.cross_dtype: torch.dtype | None = None
         self.fused: FusedDraft | None = None  # `quantize_int8`'s C step for one-token passes
-        self.form: LayerForm = choose(self.layers)  # how its layers run; `quantize_int8` chooses again
+        self._script = True  # `quantize_int8(script=)`: its int8 layers as TorchScript steps
 
     # ---- binding to a target ------------------------------------------------------------
     def attach(self, target) -> DistilledDraft:
@@ -102,6 +102,12 @@ class DistilledDraft(nn.Module):
         }
         self.cross_from = [self._same_cross(layer, dec, i) for i, layer in enumerate(self.layers)]
         return self
+
+    @property
+    def form(self) -> LayerForm:
+        """How its layers run (`specasr.runtime.forms`), from the weights as they are now (device,
+        dtype, int8 after `quantize_int8`), so a draft moved or quantised never reports a stale one."""
+        return choose(self.layers, self._script)
 
     @property
     def languages(self) -> tuple[str, ...] | None:
@@ -256,7 +262,7 @@ class DistilledDraft(nn.Module):
         self.cross_dtype = (
             torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32
         )
-        self.form = choose(self.layers, script)  # int8 layers as one TorchScript function each
+        self._script = script  # int8 layers as one TorchScript function each (`form`)
         return self
 
     # ---- files --------------------------------------------------------------------------

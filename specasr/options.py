@@ -163,3 +163,54 @@ class TranscribeOptions:
 
         A new temperature needs a schedule starting there: replace `temperatures` as well."""
         return replace(self, decode=replace(self.decode, **changes))
+
+
+def front_end_options(
+    *,
+    mode: str = "exact",
+    temperature: float = 0.0,
+    gamma: int = DecodeOptions.gamma,
+    gamma_policy: str = DecodeOptions.gamma_policy,
+    draft_stop: float = DecodeOptions.draft_stop,
+    language: str = DETECT_LANGUAGE,
+    task: str = "transcribe",
+    seed: int = 0,
+    timing: bool = False,
+    without_timestamps: bool = False,
+    strategy: str = TranscribeOptions.strategy,
+    vad: bool = False,
+    vad_threshold: float = VadOptions.threshold,
+    vad_min_silence: float = VadOptions.min_silence,
+    batch_size: int = TranscribeOptions.batch_size,
+    word_timestamps: bool = False,
+    initial_prompt: str | None = None,
+) -> TranscribeOptions:
+    """The options a front end's values stand for (`specasr transcribe`, `specasr serve`), by
+    the CLI's names: both build them here, so one file gives one transcript through either.
+    `language` is a code or DETECT_LANGUAGE; `temperature` starts the fallback schedule.
+    ValueError names a bad value."""
+    base = TranscribeOptions()
+    decode = replace(
+        base.decode,
+        mode=mode,
+        temperature=temperature,
+        gamma=gamma,
+        gamma_policy=gamma_policy,
+        gamma_max=max(base.decode.gamma_max, gamma),
+        draft_stop=draft_stop,
+        language=language_of(language),
+        task=task,
+        seed=seed,
+        timing=timing,
+        timestamps=not without_timestamps,
+    )
+    return replace(
+        base,
+        decode=decode,
+        strategy=strategy,
+        vad=VadOptions(threshold=vad_threshold, min_silence=vad_min_silence) if vad else None,
+        batch_size=batch_size,
+        temperatures=fallback_schedule(temperature),
+        word_timestamps=word_timestamps,
+        initial_prompt=initial_prompt or None,
+    )

@@ -26,6 +26,7 @@ from specasr.decode.loop import decode
 from specasr.decode.task import detect_language
 from specasr.features import log_mel, log_mel_window
 from specasr.longform.chunked import chunked
+from specasr.longform.engine import Engine, LocalEngine
 from specasr.longform.sequential import sequential
 from specasr.longform.timing import trim_trailing_silence
 from specasr.longform.vad import detect_speech
@@ -47,14 +48,20 @@ def transcribe(
     options: TranscribeOptions = TranscribeOptions(),  # noqa: B008 (frozen, immutable)
     *,
     source_rate: int | None = None,
+    engine: Engine | None = None,
 ) -> tuple[Iterator[Segment], TranscriptionInfo]:
     """audio: a path, bytes, or a float array (with `source_rate`) of any length.
 
     Returns a lazy iterator of segments (windows are decoded as it is consumed) and the
-    info, whose `stats` and `windows` fill in as the iterator runs. The audio is loaded, and
+    info, whose `stats` and `windows` fill in as the iterator runs. `engine` does the model work
+    (longform/engine.py): a `LocalEngine` of `pair` unless given, e.g. a server's
+    `SharedEngine`, which decodes the windows of concurrent transcriptions together. The audio is loaded, and
     with no language given for a multilingual model the first window is encoded and its
     language detected, before this returns.
     """
+    engine = LocalEngine(pair) if engine is None else engine
+    if engine.pair is not pair:
+        raise ValueError("the engine runs another pair of models than the one given")
     tok = pair.tokenizer
     dec = options.decode
     if dec.speculative and pair.draft is None:
@@ -80,13 +87,14 @@ def transcribe(
     first = None
     if info.language is None:
         content = mel.shape[-1] - N_FRAMES
-        first = encode_windows(pair, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
-        info.language = detect_language(pair, first[0])[0]
+        first = encode_windows(engine, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
+        with engine.exclusive():
+            info.language = detect_language(pair, first[0])[0]
         info.language_detected = True
     strategy = sequential
     if options.strategy == "chunked":
         strategy = partial(chunked, joins=speech.joins() if speech is not None else ())
-    segments = strategy(pair, mel, options, info, first)
+    segments = strategy(engine, mel, options, info, first)
     if options.word_timestamps:  # segments end with their words: no energy trim
         segments = in_order(segments)
     elif options.trim_silence:

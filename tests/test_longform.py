@@ -14,7 +14,9 @@ from conftest import with_self_draft, write_corpus
 
 from benchmarks.longform import LongRecording, long_recording
 from specasr.eval.metric import wer
+from specasr.longform import engine as engine_module
 from specasr.longform import windows as longform
+from specasr.longform.engine import LocalEngine
 from specasr.longform.windows import is_silence, needs_fallback, split_window
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment, compression_ratio
@@ -162,8 +164,8 @@ def test_info_and_segment_fields(sequential_ar, long_audio, tiny_en_pair):
 
 def test_transcribe_is_lazy(tiny_en_pair, long_audio, monkeypatch):
     calls = []
-    real = longform.decode_states
-    monkeypatch.setattr(longform, "decode_states", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = engine_module.decode_states
+    monkeypatch.setattr(engine_module, "decode_states", lambda *a, **k: calls.append(1) or real(*a, **k))
     segments, info = transcribe(long_audio.samples, tiny_en_pair, _opts(), source_rate=SR)
     assert not calls and info.windows == 0
     first = next(segments)
@@ -175,13 +177,13 @@ def test_transcribe_is_lazy(tiny_en_pair, long_audio, monkeypatch):
 def spy(monkeypatch):
     """Records (options, prompt) of every decode_states call of the long-form loop."""
     calls = []
-    real = longform.decode_states
+    real = engine_module.decode_states
 
     def record(pair, target_states, draft_states, options, prompt=None, stats=None):
         calls.append((options, prompt))
         return real(pair, target_states, draft_states, options, prompt, stats)
 
-    monkeypatch.setattr(longform, "decode_states", record)
+    monkeypatch.setattr(engine_module, "decode_states", record)
     return calls
 
 
@@ -217,7 +219,7 @@ def test_a_prompt_that_fails_every_temperature_is_dropped(tiny_en_pair, long_aud
     from specasr.longform import sequential as seq_module
 
     calls = []
-    real = longform.decode_states
+    real = engine_module.decode_states
 
     def record(pair, target_states, draft_states, options, prompt=None, stats=None):
         calls.append((options.temperature, prompt is not None))
@@ -229,7 +231,7 @@ def test_a_prompt_that_fails_every_temperature_is_dropped(tiny_en_pair, long_aud
     def prompted(result, options):
         return result.prompted
 
-    monkeypatch.setattr(longform, "decode_states", record)
+    monkeypatch.setattr(engine_module, "decode_states", record)
     monkeypatch.setattr(longform, "needs_fallback", prompted)
     monkeypatch.setattr(seq_module, "needs_fallback", prompted)
     audio = long_audio.samples[: 40 * SR]  # two windows: the second is prompted with the first's text
@@ -324,12 +326,12 @@ def test_batched_fallback_redecodes_only_the_failing_rows(tiny_en_pair, long_aud
     mel = log_mel(long_audio.samples, 80, padding=N_SAMPLES)[0]
     windows = torch.cat([longform.window_mel(mel, s, 3000) for s in (0, 3000)])  # [2, 80, 3000]
     stats = DecodeStats()
-    t_states, d_states = longform.encode_windows(pair, windows, stats)
+    t_states, d_states = longform.encode_windows(LocalEngine(pair), windows, stats)
     assert d_states is t_states
     # only the second window (30-60 s) holds "amiable himself"
     monkeypatch.setattr(longform, "needs_fallback", lambda result, options: "amiable himself" in result.text)
     opts = _opts("exact", temperatures=(0.0, 0.2))
-    results = longform.decode_with_fallback(pair, t_states, d_states, opts, "en", None, 0, stats)
+    results = longform.decode_with_fallback(LocalEngine(pair), t_states, d_states, opts, "en", None, 0, stats)
     assert results[0].temperature == 0.0 and "amiable himself" not in results[0].text
     assert results[1].temperature == 0.2 and "amiable himself" in results[1].text
     assert [o.temperature for o, _ in spy] == [0.0, 0.2]

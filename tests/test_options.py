@@ -13,7 +13,9 @@ from specasr.apps.service import Controls
 from tiny_pairs import random_tiny_pair
 
 from specasr.cli import main
+from specasr.longform import engine as engine_module
 from specasr.longform import windows
+from specasr.longform.engine import LocalEngine
 from specasr.options import FALLBACK_TEMPERATURES, DecodeOptions, TranscribeOptions, fallback_schedule
 from specasr.stats import DecodeStats
 
@@ -99,19 +101,19 @@ def test_fallback_sets_temperature_language_and_seed_per_window(monkeypatch):
     pair = random_tiny_pair(seed=0)
     mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(1))  # [2, 80, 3000]
     stats = DecodeStats()
-    t_states, d_states = windows.encode_windows(pair, mel, stats)
+    t_states, d_states = windows.encode_windows(LocalEngine(pair), mel, stats)
     seen = []
-    real = windows.decode_states
+    real = engine_module.decode_states
 
     def spy(pair, target_states, draft_states, options, prompt=None, stats=None):
         seen.append((options, target_states.shape[0]))
         return real(pair, target_states, draft_states, options, prompt, stats)
 
-    monkeypatch.setattr(windows, "decode_states", spy)
+    monkeypatch.setattr(engine_module, "decode_states", spy)
     monkeypatch.setattr(windows, "needs_fallback", lambda result, options: True)  # every step runs
     decode = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=6, language=None, seed=0)
     opts = TranscribeOptions(decode=decode, temperatures=(0.0, 0.4, 0.8))
-    results = windows.decode_with_fallback(pair, t_states, d_states, opts, "de", None, 41, stats)
+    results = windows.decode_with_fallback(LocalEngine(pair), t_states, d_states, opts, "de", None, 41, stats)
     assert [r.temperature for r in results] == [0.8, 0.8]
     assert [(o.temperature, o.language, o.seed, rows) for o, rows in seen] == [
         (0.0, "de", 41, 2),

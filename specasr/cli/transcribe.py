@@ -17,7 +17,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -43,8 +42,7 @@ from specasr.options import (
     STRATEGIES,
     TranscribeOptions,
     VadOptions,
-    fallback_schedule,
-    language_of,
+    front_end_options,
 )
 from specasr.writers import FORMATS, SubtitleOptions
 
@@ -230,29 +228,25 @@ def transcribe(
     if not math.isfinite(temperature) or temperature < 0:
         raise click.BadParameter(f"{temperature}: must be a finite number >= 0", param_hint="'--temperature'")
     try:
-        decode = replace(
-            _TRANSCRIBE.decode,
+        options = front_end_options(
             mode=mode,
-            temperature=temperature,  # the start of the fallback schedule below
+            temperature=temperature,
             gamma=gamma,
             gamma_policy=gamma_policy,
             draft_stop=draft_stop,
-            language=language_of(language),
+            language=language,
             task=task,
             seed=seed,
-            gamma_max=max(DEFAULTS.gamma_max, gamma),
             timing=stats,  # --stats prints the phase times
-            timestamps=not without_timestamps,
-        )
-        options = replace(
-            _TRANSCRIBE,
-            decode=decode,
+            without_timestamps=without_timestamps,
             strategy=strategy,
-            vad=VadOptions(threshold=vad_threshold, min_silence=vad_min_silence) if vad else None,
+            vad=vad,
+            vad_threshold=vad_threshold,
+            vad_min_silence=vad_min_silence,
             batch_size=batch_size,
-            temperatures=fallback_schedule(temperature),
             word_timestamps=word_timestamps,
         )
+        decode = options.decode
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     if not word_timestamps and (max_line_width or max_line_count or highlight_words):

@@ -113,7 +113,7 @@ class _Lane:
 
 
 def chunked(
-    pair,
+    engine,
     mel: Tensor,
     options: TranscribeOptions,
     info: TranscriptionInfo,
@@ -125,6 +125,7 @@ def chunked(
     first: the first window's encoder states, when they were computed for language detection;
     joins: content frames where the speech chunks kept by voice activity detection meet.
     """
+    pair = engine.pair
     tok = pair.tokenizer
     content = mel.shape[-1] - N_FRAMES
     level = mel[:, :content].float().mean(dim=0)  # [content frames]
@@ -139,9 +140,9 @@ def chunked(
         reuse = first if seeks[0] == 0 and sizes[0] == min(N_FRAMES, content) else None
         first = None  # the detection window is reused at most once
         stats = DecodeStats()
-        states = _encode(pair, mel, seeks, sizes, stats, reuse)
+        states = _encode(engine, mel, seeks, sizes, stats, reuse)
         results = decode_with_fallback(
-            pair, *states, options, info.language, prompt, options.decode.seed + info.windows, stats
+            engine, *states, options, info.language, prompt, options.decode.seed + info.windows, stats
         )
         info.stats = info.stats.merge(stats)
         for row, (lane, size, result) in enumerate(zip(todo, sizes, results)):
@@ -157,9 +158,10 @@ def chunked(
             if lane.said:
                 current = drop_repeat(current, lane.said, tok.eot, tok)
             if words is not None and current:  # one teacher-forced pass over the window's final tokens
-                words.add(
-                    window, states[0][row : row + 1], offset, size, [t for s in current for t in s.tokens]
-                )
+                with engine.exclusive():
+                    words.add(
+                        window, states[0][row : row + 1], offset, size, [t for s in current for t in s.tokens]
+                    )
                 current = words.attach(current)
             lane.segments += current
             lane.said += [t for seg in current for t in seg.tokens if t < tok.eot]
@@ -172,14 +174,14 @@ def chunked(
 
 
 def _encode(
-    pair, mel: Tensor, seeks: list[int], sizes: list[int], stats: DecodeStats, first
+    engine, mel: Tensor, seeks: list[int], sizes: list[int], stats: DecodeStats, first
 ) -> tuple[Tensor, Tensor | None]:
     """Encoder states of a batch of windows [B, 1500, d]; reuses `first` for row 0."""
     todo = list(zip(seeks, sizes))[1:] if first is not None else list(zip(seeks, sizes))
     if not todo:
         return first
     windows = torch.cat([window_mel(mel, s, n) for s, n in todo])  # [B', n_mels, 3000]
-    t_states, d_states = encode_windows(pair, windows, stats)
+    t_states, d_states = encode_windows(engine, windows, stats)
     if first is None:
         return t_states, d_states
     shared = d_states is t_states

@@ -41,7 +41,7 @@ from specasr.stats import DecodeStats
 
 
 def sequential(
-    pair,
+    engine,
     mel: Tensor,
     options: TranscribeOptions,
     info: TranscriptionInfo,
@@ -51,6 +51,7 @@ def sequential(
 
     first: the first window's encoder states, when they were computed for language detection.
     """
+    pair = engine.pair
     tok = pair.tokenizer
     content = mel.shape[-1] - N_FRAMES
     all_tokens = initial_prompt_tokens(tok, options)
@@ -64,17 +65,17 @@ def sequential(
         states = (
             first
             if first is not None and seek == 0
-            else encode_windows(pair, window_mel(mel, seek, size), stats)
+            else encode_windows(engine, window_mel(mel, seek, size), stats)
         )
         prompt = all_tokens[prompt_since:] or None
         window = info.windows
         result = decode_with_fallback(
-            pair, *states, options, info.language, prompt, options.decode.seed + window, stats
+            engine, *states, options, info.language, prompt, options.decode.seed + window, stats
         )[0]
         unprompted = prompt is not None and needs_fallback(result, options)
         if unprompted:  # every temperature failed under the prompt: the prompt sent it into a loop
             result = decode_with_fallback(
-                pair, *states, options, info.language, None, options.decode.seed + window, stats
+                engine, *states, options, info.language, None, options.decode.seed + window, stats
             )[0]
         info.stats = info.stats.merge(stats)
         info.windows += 1
@@ -86,7 +87,8 @@ def sequential(
         current = window_segments(tok, result, pieces, offset, info.duration, window, stats)
         current = [replace(seg, id=n_segments + k) for k, seg in enumerate(current)]
         if words is not None and current:  # one teacher-forced pass over the window's final tokens
-            words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])
+            with engine.exclusive():
+                words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])
             current = words.attach(current)
         all_tokens += [t for s in current for t in s.tokens]
         if (

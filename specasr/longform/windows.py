@@ -11,11 +11,10 @@ import torch
 from torch import Tensor
 
 from specasr.constants import N_FRAMES, SECONDS_PER_TIMESTAMP
-from specasr.decode.loop import decode_states
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment
-from specasr.stats import DecodeStats, timed
+from specasr.stats import DecodeStats
 
 
 def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:
@@ -39,7 +38,7 @@ def is_silence(result: DecodeResult, options: TranscribeOptions) -> bool:
 
 
 def decode_with_fallback(
-    pair,
+    engine,
     target_states: Tensor,
     draft_states: Tensor | None,
     options: TranscribeOptions,
@@ -48,8 +47,9 @@ def decode_with_fallback(
     seed: int,
     stats: DecodeStats,
 ) -> list[DecodeResult]:
-    """Decodes B windows from their encoder states; rows whose result needs a fallback are
-    decoded again, together, at the next temperature. Each row keeps its last result.
+    """Decodes B windows from their encoder states, by the `engine` (longform/engine.py); rows
+    whose result needs a fallback are decoded again, together, at the next temperature. Each
+    row keeps its last result.
 
     `options.decode` is used with three fields set here: temperature steps through
     `options.temperatures` (whose first value is `decode.temperature`, as TranscribeOptions
@@ -66,7 +66,7 @@ def decode_with_fallback(
         if draft_states is not None and len(todo) < len(results):
             d_states = t_states if draft_states is target_states else draft_states[idx]
         opts = replace(options.decode, temperature=temperature, language=language, seed=seed)
-        decoded = decode_states(pair, t_states, d_states, opts, prompt, stats)
+        decoded = engine.decode(t_states, d_states, opts, prompt, stats)
         for row, result in zip(todo, decoded):
             results[row] = result
         todo = [row for row, result in zip(todo, decoded) if needs_fallback(result, options)]
@@ -81,10 +81,10 @@ def window_mel(mel: Tensor, seek: int, size: int) -> Tensor:
     return pad_or_trim(mel[:, seek : seek + size], N_FRAMES)[None]
 
 
-def encode_windows(pair, windows: Tensor, stats: DecodeStats) -> tuple[Tensor, Tensor | None]:
-    """windows [B, n_mels, 3000] -> (target states, draft states), timed into `stats`."""
-    with timed(stats, "encoder_s", pair.device):
-        return pair.encode(windows)
+def encode_windows(engine, windows: Tensor, stats: DecodeStats) -> tuple[Tensor, Tensor | None]:
+    """windows [B, n_mels, 3000] -> (target states, draft states), timed into `stats`, by the
+    `engine` (longform/engine.py) that does the transcription's model work."""
+    return engine.encode(windows, stats)
 
 
 def split_window(tokens: list[int], ts_begin: int, size: int) -> tuple[list[tuple[int, int, list[int]]], int]:

@@ -81,6 +81,7 @@ class Segment:
     token_kinds: list[str] = field(default_factory=list, repr=False)
     # with word timestamps: its words, in order and inside [start, end]; None when off
     words: list[Word] | None = None
+    seek: int = 0  # the 10 ms frame of the decoded audio where its window starts (openai-whisper's seek)
 
     @classmethod
     def from_result(
@@ -95,6 +96,7 @@ class Segment:
         window: int,
         stats: DecodeStats,
         token_kinds: list[str] | None = None,
+        seek: int = 0,
     ) -> Segment:
         """A segment cut from a window's decode: the window-level scores come from `result`."""
         return cls(
@@ -110,6 +112,7 @@ class Segment:
             window=window,
             stats=stats,
             token_kinds=token_kinds or [],
+            seek=seek,
         )
 
     def to_dict(self) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from specasr.constants import N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.constants import FRAMES_PER_SECOND, N_FRAMES, SECONDS_PER_TIMESTAMP
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment
@@ -144,6 +144,7 @@ def window_segments(
                 window=window,
                 stats=stats,
                 token_kinds=kinds,
+                seek=round(offset * FRAMES_PER_SECOND),
             )
         )
     return out

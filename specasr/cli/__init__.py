@@ -17,6 +17,7 @@ from specasr.cli.bench import bench as bench_command
 from specasr.cli.common import check_compute_type, load_models, model_options
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
+from specasr.cli.serve import serve as serve_command
 from specasr.cli.transcribe import transcribe as transcribe_command
 
 
@@ -48,7 +49,14 @@ def run() -> None:
     process.quick_exit(code)
 
 
-for _command in (transcribe_command, eval_command, app_command, distill_command, bench_command):
+for _command in (
+    transcribe_command,
+    eval_command,
+    app_command,
+    distill_command,
+    bench_command,
+    serve_command,
+):
     main.add_command(_command)
 
 

@@ -1,4 +1,7 @@
-"""Speculative-decoding statistics: what was proposed, accepted, and where the time went."""
+"""Speculative-decoding statistics: what was proposed, accepted, and where the time went.
+
+Imports no torch (the clocks import it when they time a CUDA device), so front ends that only
+read statistics, such as `specasr transcribe --server`, start without it."""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -92,6 +97,15 @@ class DecodeStats:
         d["tokens_per_target_call"] = self.tokens_per_target_call
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> DecodeStats:
+        """The inverse of `to_dict` (its derived rates are recomputed, not read); keys it does
+        not know are ignored, so a newer writer's document still reads."""
+        known = {f.name for f in fields(cls)}
+        stats = cls(**{k: v for k, v in d.items() if k in known and k != "accepted_hist"})
+        stats.accepted_hist = Counter({int(k): v for k, v in d.get("accepted_hist", {}).items()})
+        return stats
+
     def summary(self) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in sorted(self.accepted_hist.items()))
         return (
@@ -124,6 +138,8 @@ class Clock:
             yield
             return
         if self.events:
+            import torch
+
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             try:
@@ -163,6 +179,8 @@ def timed(stats: DecodeStats, name: str | None, device: torch.device):
         return
     sync = device.type == "cuda"
     if sync:
+        import torch
+
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     try:

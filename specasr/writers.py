@@ -1,9 +1,10 @@
 """Transcript writers: txt, srt, vtt, tsv and json, written atomically.
 
-Each renderer turns (segments, info) into text; `write` puts every format of one input in
-place at once: each goes to a temporary file in the same directory first, then all are
-renamed (`os.replace`), so a reader never sees half a file and a failure part-way leaves
-none of the new files. Files get the usual mode (0666 less the umask). A temporary file is
+Each renderer turns (segments, info) into text; `write` renders, and `write_rendered` puts
+every format of one input in place at once, whether rendered here or by `specasr serve`:
+each goes to a temporary file in the same directory first, then all are renamed
+(`os.replace`), so a reader never sees half a file and a failure part-way leaves none of the
+new files. Files get the usual mode (0666 less the umask). A temporary file is
 named `.NAME.PID.XXXXXXXX.tmp`; `clean_stale_temps` removes those whose writer is gone.
 
 With a `source` (`source_record(path)`: the input's absolute path, size and mtime), the json
@@ -249,9 +250,19 @@ def render_json(segments: Sequence[Segment], info: TranscriptionInfo, source: di
         "stats": info.stats.to_dict(),
         "segments": [s.to_dict() for s in segments],
     }
+    return _dump_json(doc, source)
+
+
+def _dump_json(doc: dict, source: dict | None) -> str:
     if source is not None:
         doc["source"] = source
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def json_with_source(text: str, source: dict | None) -> str:
+    """A json document `render_json` made without a source (a server's), as it would have
+    made it with `source`: the same text with "source" as its last key."""
+    return text if source is None else _dump_json(json.loads(text), source)
 
 
 RENDERERS: dict[str, Callable[[Sequence[Segment], TranscriptionInfo], str]] = {
@@ -410,24 +421,32 @@ def write(
     source: dict | None = None,
     subtitles: SubtitleOptions | None = None,
 ) -> list[Path]:
-    """Writes `<output_dir>/<stem>.<fmt>` for each format, all or none (`write_files`);
-    returns the paths. With `source` (`source_record`), json records it and the sidecar
-    (`provenance`) is updated last, so a record never names outputs that are not in place."""
-    paths = output_paths(stem, output_dir, formats)
+    """Writes `<output_dir>/<stem>.<fmt>` for each format, all or none (`write_rendered`);
+    returns the paths. With `source` (`source_record`), json records it."""
+    texts = {fmt: render(fmt, segments, info, source, subtitles) for fmt in formats}
+    return write_rendered(texts, stem, output_dir, source)
+
+
+def write_rendered(
+    texts: dict[str, str], stem: str, output_dir: str | os.PathLike, source: dict | None = None
+) -> list[Path]:
+    """Writes each format's text (format -> text, as `render` makes it, here or on a server)
+    to `<output_dir>/<stem>.<fmt>`, all or none (`write_files`); returns the paths. With
+    `source`, the sidecar (`provenance`) records it and is updated last, so a record never
+    names outputs that are not in place."""
+    paths = output_paths(stem, output_dir, list(texts))
     next(iter(paths.values()), Path(output_dir) / stem).parent.mkdir(parents=True, exist_ok=True)
-    texts: dict[Path, str] = {
-        path: render(fmt, segments, info, source, subtitles) for fmt, path in paths.items()
-    }
+    files: dict[Path, str] = {paths[fmt]: text for fmt, text in texts.items()}
     record = provenance(stem, output_dir)
-    if source is not None or any(fmt in record for fmt in formats):
+    if source is not None or any(fmt in record for fmt in texts):
         written = {"source": source, "written_at": time.time(), "pid": os.getpid()}
-        for fmt in formats:
+        for fmt in texts:
             if source is None:
                 record.pop(fmt, None)  # no longer made from what the record says
             else:
                 record[fmt] = written
-        texts[sidecar_path(stem, output_dir)] = json.dumps({"outputs": record}, indent=1) + "\n"
-    write_files(texts)
+        files[sidecar_path(stem, output_dir)] = json.dumps({"outputs": record}, indent=1) + "\n"
+    write_files(files)
     return list(paths.values())
 
 

@@ -1,6 +1,8 @@
 """One CLI batch of files, transcribed one by one: output names, locks, skips, provenance and
 the per-file error report (a failure is counted, never raised). Shared by the local run
-(`cli.transcribe`) and the Ray actors (`cli.transcribe_ray`)."""
+(`cli.transcribe`), the Ray actors (`cli.transcribe_ray`) and the client of a server
+(`transcribe --server`, `cli.remote`): each file's transcript is made by the local pair or by
+the server, and everything around it is this one loop. Importing it loads no torch."""
 
 from __future__ import annotations
 
@@ -10,11 +12,16 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import click
 
 from specasr.cli.common import check_loaded
 from specasr.writers import SubtitleOptions
+
+if TYPE_CHECKING:
+    from specasr.results import Segment, TranscriptionInfo
+    from specasr.stats import DecodeStats
 
 
 def output_stems(files: list[str]) -> list[str]:
@@ -38,13 +45,51 @@ def output_stems(files: list[str]) -> list[str]:
     ]
 
 
-class Batch:
-    """Transcribes files one by one; failures are reported and counted, never raised."""
+class Transcript(Protocol):
+    """One input's transcript, as the batch prints and writes it."""
 
-    def __init__(self, pair, options, formats, output_dir, skip_existing, stats, n_inputs) -> None:
+    duration: float  # seconds of audio
+    stats: DecodeStats  # speculative statistics of the whole input
+
+    def render(self, fmt: str, source: dict | None) -> str:
+        """The text of one format (`writers.render`); json records `source` when given."""
+
+    def plain(self) -> str:
+        """One line: the segments' texts, stripped and joined by spaces."""
+
+
+class Remote(Protocol):
+    """Where a batch sends its files instead of decoding them here (`cli.remote.Client`)."""
+
+    def transcribe(self, path: str) -> Transcript: ...
+
+
+class LocalTranscript:
+    """A transcript decoded in this process: its segments, rendered on demand."""
+
+    def __init__(self, segments: list[Segment], info: TranscriptionInfo, subtitles: SubtitleOptions | None):
+        self.segments, self.info, self.subtitles = segments, info, subtitles
+        self.duration, self.stats = info.duration, info.stats
+
+    def render(self, fmt: str, source: dict | None) -> str:
+        from specasr import writers
+
+        return writers.render(fmt, self.segments, self.info, source, self.subtitles)
+
+    def plain(self) -> str:
+        return " ".join(s.text.strip() for s in self.segments)
+
+
+class Batch:
+    """Transcribes files one by one, with the local `pair` or, given `remote`, on a server;
+    failures are reported and counted, never raised."""
+
+    def __init__(
+        self, pair, options, formats, output_dir, skip_existing, stats, n_inputs, remote: Remote | None = None
+    ) -> None:
         from specasr.stats import DecodeStats
 
-        self.pair, self.options, self.formats = pair, options, formats
+        self.pair, self.remote, self.options, self.formats = pair, remote, options, formats
         self.output_dir, self.skip_existing, self.show_stats = output_dir, skip_existing, stats
         self.n_inputs = n_inputs
         self.done = self.failed = self.skipped = 0
@@ -58,8 +103,9 @@ class Batch:
     def run(self, files: list[str]) -> None:
         from tqdm import tqdm
 
-        dec = self.options.decode  # what only the loaded model can tell: exit 2, once, before any file
-        check_loaded(self.pair, dec.mode, dec.language, dec.task)
+        if self.remote is None:  # what only the loaded model can tell: exit 2, once, before any file
+            dec = self.options.decode
+            check_loaded(self.pair, dec.mode, dec.language, dec.task)
         stems = output_stems(files)
         self.clean_temps(stems)
         busy = []
@@ -143,38 +189,43 @@ class Batch:
         click.echo(f"error: {path}: {e}" if str(path) not in str(e) else f"error: {e}", err=True)
 
     def _transcribe(self, path: str, stem: str, single: bool, source: dict | None) -> None:
-        from tqdm import tqdm
-
         from specasr import writers
-        from specasr.transcription import transcribe
 
         try:
-            segments, info = transcribe(path, self.pair, self.options)
-            done = []
-            with tqdm(
-                total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False, disable=self.quiet
-            ) as bar:
-                for seg in segments:
-                    done.append(seg)
-                    bar.update(round(seg.end, 1) - bar.n)
+            result = self._decode(path) if self.remote is None else self.remote.transcribe(path)
             if self.output_dir is not None:
-                writers.write(
-                    done, info, stem, self.output_dir, self.formats, source=source, subtitles=self.subtitles
-                )
+                texts = {fmt: result.render(fmt, source) for fmt in self.formats}
+                writers.write_rendered(texts, stem, self.output_dir, source)
             elif single:
                 if source is None and self.formats[0] == "json":
                     source = writers.source_record(path)
-                click.echo(writers.render(self.formats[0], done, info, source, self.subtitles), nl=False)
+                click.echo(result.render(self.formats[0], source), nl=False)
             else:
-                click.echo(f"{path}: " + " ".join(s.text.strip() for s in done))
+                click.echo(f"{path}: {result.plain()}")
         except Exception as e:  # a batch reports the file and goes on, whatever went wrong
             self._failed(path, e)
             return
         self.done += 1
-        self.audio_s += info.duration
-        self.total = self.total.merge(info.stats)
+        self.audio_s += result.duration
+        self.total = self.total.merge(result.stats)
         if self.show_stats:
-            click.echo(f"[{path}] {info.stats.summary()}", err=True)
+            click.echo(f"[{path}] {result.stats.summary()}", err=True)
+
+    def _decode(self, path: str) -> LocalTranscript:
+        """`path` transcribed with the local pair, its progress shown in seconds of audio."""
+        from tqdm import tqdm
+
+        from specasr.transcription import transcribe
+
+        segments, info = transcribe(path, self.pair, self.options)
+        done = []
+        with tqdm(
+            total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False, disable=self.quiet
+        ) as bar:
+            for seg in segments:
+                done.append(seg)
+                bar.update(round(seg.end, 1) - bar.n)
+        return LocalTranscript(done, info, self.subtitles)
 
     def summary(self) -> str:
         wall = time.perf_counter() - self.t0

@@ -4,6 +4,9 @@ Exit codes: 0 success, 1 some input failed (the others were still processed), 2 
 (found before any model is loaded where it can be), 130 interrupted (Ctrl-C; what was done
 is summarised).
 
+With --server URL the inputs go to a running `specasr serve` (`cli.remote`) and nothing here
+loads a model or imports torch; the outputs, messages and exit codes are a local run's.
+
 Output names: each input's path relative to the common parent folder of all inputs, without
 its audio suffix (`A/x.wav B/x.wav -o out` -> out/A/x.txt, out/B/x.txt; one input -> out/x.txt).
 The outputs' sources are recorded (`writers.provenance`), so --skip-existing skips only
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from specasr.cli.batch import Batch
 from specasr.cli.common import (
@@ -71,6 +75,69 @@ def _expand_inputs(inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
         else:
             unmatched.append(item)
     return files, unmatched
+
+
+SERVER_TIMEOUT_S = 3600.0  # a server answers once the whole file is decoded, however long it is
+# what a server fixes when it starts: given with --server, they would be silently ignored
+_SERVER_FIXED = ("model", "draft", "device", "dtype", "compute_type", "ray_address", "workers")
+_SERVER_FIXED += ("cpus_per_worker", "gpus_per_worker")
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether option `name` was given (on the command line or by its environment variable)."""
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _remote_settings(server: str | None, timeout: float | None) -> tuple[str, float] | None:
+    """(URL, seconds per file) of --server and --timeout; None without --server. Usage
+    errors (exit 2): a malformed URL, a model or Ray option given with --server, --api-key
+    or --timeout without it."""
+    ctx = click.get_current_context()
+    if server is None:
+        # $SPECASR_API_KEY may be set for every run; only a key on the command line is a mistake
+        if timeout is not None or ctx.get_parameter_source("api_key") is ParameterSource.COMMANDLINE:
+            raise click.UsageError("--api-key and --timeout go with --server")
+        return None
+    fixed = [p.opts[0] for p in ctx.command.params if p.name in _SERVER_FIXED and _given(ctx, p.name)]
+    if fixed:
+        raise click.UsageError(
+            f"{', '.join(fixed)} cannot be used with --server: the server's models and devices are "
+            "fixed when it starts (`specasr serve`)"
+        )
+    from specasr.cli.remote import server_url
+
+    try:
+        return server_url(server), SERVER_TIMEOUT_S if timeout is None else timeout
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--server'") from e
+
+
+def _check_language(language: str | None) -> None:
+    """A usage error (exit 2) for an unknown language code; what the server's models can do
+    (English-only, no draft) only the server can tell, per file."""
+    from specasr.tokenizer import LANGUAGES  # no torch
+
+    if language is not None and language not in LANGUAGES:
+        raise click.BadParameter(
+            f"unknown language {language!r}; use a Whisper language code (en, de, fr, …) or 'auto'",
+            param_hint="'--language'",
+        )
+
+
+def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: str | None):
+    """The client of the server at `url`, sending this command's options; exit 1 with one
+    line when the server does not answer, before any file is read."""
+    from specasr.cli.remote import Client, ServerError, form_fields
+
+    ctx = click.get_current_context()
+    given = {name: value for name, value in ctx.params.items() if _given(ctx, name)}
+    client = Client(url, form_fields(given), formats, task=task, api_key=api_key, timeout=timeout)
+    try:
+        client.health()
+    except ServerError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    return client
 
 
 @click.command(cls=RayCommand)
@@ -184,6 +251,25 @@ def _expand_inputs(inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
     help="srt/vtt with --word-timestamps: one cue per word, the spoken word underlined.",
 )
 @ray_options
+@click.option(
+    "--server",
+    metavar="URL",
+    default=None,
+    help="Send each input to a running `specasr serve` at URL (http://HOST:PORT) instead of loading "
+    "models here: the same outputs, with the server's models.",
+)
+@click.option(
+    "--api-key",
+    envvar="SPECASR_API_KEY",
+    default=None,
+    help="With --server: the server's API key (default: $SPECASR_API_KEY).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help=f"With --server: seconds to wait for the server's answer for each file [{SERVER_TIMEOUT_S:g}].",
+)
 def transcribe(
     inputs,
     model,
@@ -217,6 +303,9 @@ def transcribe(
     workers,
     cpus_per_worker,
     gpus_per_worker,
+    server,
+    api_key,
+    timeout,
 ):
     """Transcribe audio INPUTS (files, directories, globs) of any length.
 
@@ -225,6 +314,7 @@ def transcribe(
     a usage error (before any model is loaded), 130 when interrupted.
     """
     started = time.time()  # outputs written after this by another run are never overwritten
+    remote = _remote_settings(server, timeout)
     if not math.isfinite(temperature) or temperature < 0:
         raise click.BadParameter(f"{temperature}: must be a finite number >= 0", param_hint="'--temperature'")
     try:
@@ -267,19 +357,32 @@ def transcribe(
     ray = ray_settings(ray_address, workers, cpus_per_worker, gpus_per_worker)
     if ray is not None and output_dir is None:
         raise click.UsageError("--ray writes files: give --output-dir")
-    check_model_options(model, draft, mode, decode.language, task)
-    check_compute_type(compute_type, mode)
+    if remote is None:
+        check_model_options(model, draft, mode, decode.language, task)
+        check_compute_type(compute_type, mode)
+    else:
+        _check_language(decode.language)
     if output_dir is not None:
         prepare_output_dir(output_dir)
-    if ray is None:
+    if ray is None and remote is None:
         check_device(device)  # imports torch for cuda/mps/xpu, so after the cheap checks
-    batch = None
+    client = pair = batch = None
     try:
-        pair = load_models(model, draft, mode, device, dtype, compute_type) if ray is None else None
+        if remote is not None:
+            client = _connect(*remote, formats, task, api_key)
+        elif ray is None:
+            pair = load_models(model, draft, mode, device, dtype, compute_type)
         for item in unmatched:
             click.echo(f"error: {item}: no such file, or no audio files match", err=True)
         batch = Batch(
-            pair, options, formats, output_dir, skip_existing, stats, n_inputs=len(files) + len(unmatched)
+            pair,
+            options,
+            formats,
+            output_dir,
+            skip_existing,
+            stats,
+            n_inputs=len(files) + len(unmatched),
+            remote=client,
         )
         batch.started = started
         batch.subtitles = SubtitleOptions(max_line_width, max_line_count, highlight_words)

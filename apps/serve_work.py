@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from specasr.audio import AudioError, AudioTooLong, load_audio
 from specasr.constants import SAMPLE_RATE
 from specasr.longform.engine import EngineClosed
-from specasr.tokenizer import LANGUAGES
+from specasr.tokenizer import LANGUAGE_NAMES
 from specasr.transcription import transcribe
 from specasr.writers import render
 
@@ -27,20 +27,6 @@ if TYPE_CHECKING:
     from specasr.results import Segment, TranscriptionInfo
 
     from .openai_api import ServerSettings
-
-# Whisper's language names (lower case, as OpenAI's verbose_json gives them), in LANGUAGES' order
-_NAMES = (
-    "english chinese german spanish russian korean french japanese portuguese turkish polish "
-    "catalan dutch arabic swedish italian indonesian hindi finnish vietnamese hebrew ukrainian "
-    "greek malay czech romanian danish hungarian tamil norwegian thai urdu croatian bulgarian "
-    "lithuanian latin maori malayalam welsh slovak telugu persian latvian bengali serbian "
-    "azerbaijani slovenian kannada estonian macedonian breton basque icelandic armenian nepali "
-    "mongolian bosnian kazakh albanian swahili galician marathi punjabi sinhala khmer shona yoruba "
-    "somali afrikaans occitan georgian belarusian tajik sindhi gujarati amharic yiddish lao uzbek "
-    "faroese haitian_creole pashto turkmen nynorsk maltese sanskrit luxembourgish myanmar tibetan "
-    "tagalog malagasy assamese tatar hawaiian lingala hausa bashkir javanese sundanese cantonese"
-).split()
-LANGUAGE_NAMES = {code: name.replace("_", " ") for code, name in zip(LANGUAGES, _NAMES)}
 
 
 def transcribe_upload(

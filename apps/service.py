@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from specasr.audio import AudioError, AudioTooLong, load_audio
 from specasr.constants import SAMPLE_RATE
 from specasr.options import DETECT_LANGUAGE, TranscribeOptions, fallback_schedule, language_of
 
@@ -104,6 +103,8 @@ def _seed(value) -> int:
 
 def load_input(path: str | None, limits: AppOptions) -> np.ndarray:
     """An uploaded or recorded file -> float32 mono 16 kHz samples, within the app's limits."""
+    from specasr.audio import AudioError, AudioTooLong, load_audio  # numpy: not for `specasr --help`
+
     if not path:
         raise InputError("Record or upload some audio first.")
     size_mb = os.path.getsize(path) / MIB

@@ -33,6 +33,19 @@ LANGUAGES = (
     "gl mr pa si km sn yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl "
     "mg as tt haw ln ha ba jw su yue"
 ).split()
+# Whisper's language names (lower case, as OpenAI's verbose_json gives them), in LANGUAGES' order
+_NAMES = (
+    "english chinese german spanish russian korean french japanese portuguese turkish polish "
+    "catalan dutch arabic swedish italian indonesian hindi finnish vietnamese hebrew ukrainian "
+    "greek malay czech romanian danish hungarian tamil norwegian thai urdu croatian bulgarian "
+    "lithuanian latin maori malayalam welsh slovak telugu persian latvian bengali serbian "
+    "azerbaijani slovenian kannada estonian macedonian breton basque icelandic armenian nepali "
+    "mongolian bosnian kazakh albanian swahili galician marathi punjabi sinhala khmer shona yoruba "
+    "somali afrikaans occitan georgian belarusian tajik sindhi gujarati amharic yiddish lao uzbek "
+    "faroese haitian_creole pashto turkmen nynorsk maltese sanskrit luxembourgish myanmar tibetan "
+    "tagalog malagasy assamese tatar hawaiian lingala hausa bashkir javanese sundanese cantonese"
+).split()
+LANGUAGE_NAMES = {code: name.replace("_", " ") for code, name in zip(LANGUAGES, _NAMES)}
 
 TASKS = ("transcribe", "translate")
 

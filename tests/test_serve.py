@@ -27,14 +27,14 @@ from conftest import with_self_draft
 from serve_helpers import assert_openai_error, client, free_port, serving, wait_for
 from specasr.apps import serve_work
 from specasr.apps.openai_api import RESPONSE_FORMATS, ApiError, Served, ServerSettings, parse_request
-from specasr.apps.serve_work import LANGUAGE_NAMES, finite
+from specasr.apps.serve_work import finite
 from specasr.apps.server import create_app
 from tiny_pairs import random_tiny_pair
 
 from specasr.cli import main
 from specasr.longform.engine import SharedEngine
 from specasr.options import front_end_options
-from specasr.tokenizer import LANGUAGES
+from specasr.tokenizer import LANGUAGE_NAMES, LANGUAGES
 from specasr.writers import SubtitleOptions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """`specasr` command line: a thin click front end over the library.
 
-Commands live one module per family (transcribe, eval, app, distill, bench); this one holds
+Commands live one module per family (transcribe, serve, eval, app, distill, bench); this one holds
 the group and `models`. Exit codes: 0 success, 1 some input failed (the others were still processed),
 2 usage error, 130 interrupted (transcribe, eval).
 """

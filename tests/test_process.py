@@ -85,6 +85,21 @@ def test_lean_heap_off_calls_no_mallopt_and_leaves_workspaces_inert(mallopt, mon
     assert mallopt == [] and not process.is_lean()
 
 
+@pytest.mark.parametrize(("command", "lean"), [("transcribe", True), ("serve", False), ("app", False)])
+def test_only_commands_that_run_and_exit_take_the_lean_heap(monkeypatch, command, lean):
+    """A server (`serve`, the app) keeps glibc's heap policy, so its temporaries are reused
+    from request to request; a one-shot command returns large blocks on free."""
+    from click.testing import CliRunner
+
+    from specasr.cli import main
+
+    calls = []
+    monkeypatch.setattr(process, "lean_heap", lambda: calls.append(1))
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert calls == ([1] if lean else [])
+
+
 # -- pause_gc, freeze_gc ---------------------------------------------------------------------
 
 _COLLECTOR = """

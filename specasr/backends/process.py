@@ -38,8 +38,9 @@ class Trick(NamedTuple):
 TRICKS: dict[str, Trick] = {
     "lean_heap": Trick(
         "SPECASR_LEAN_HEAP",
-        "CLI processes: glibc's mmap threshold fixed at 2 MB (mallopt), so large blocks go back "
-        "on free; heap workspaces (the encoder's pass) lift it for their duration",
+        "CLI processes that run and exit (not `serve` or `app`): glibc's mmap threshold fixed at "
+        "2 MB (mallopt), so large blocks go back on free; heap workspaces (the encoder's pass) "
+        "lift it for their duration",
     ),
     "pause_gc": Trick(
         "SPECASR_PAUSE_GC",

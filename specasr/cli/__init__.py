@@ -20,12 +20,19 @@ from specasr.cli.eval import eval_ as eval_command
 from specasr.cli.serve import serve as serve_command
 from specasr.cli.transcribe import transcribe as transcribe_command
 
+# Commands that serve until stopped keep glibc's own heap policy: a server's per-request
+# temporaries stay in the heap and are reused, where the lean policy would map and fault them in
+# afresh for every request (docs/benchmarks.md, "The server")
+SERVING = ("serve", "app")
+
 
 @click.group()
 @click.version_option(package_name="specasr")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Whisper transcription with exact speculative decoding."""
-    process.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.process)
+    if ctx.invoked_subcommand not in SERVING:
+        process.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.process)
 
 
 def run() -> None:

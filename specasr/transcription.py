@@ -23,7 +23,6 @@ from specasr.audio import AudioSource, load_audio
 from specasr.backends.cpu import heap
 from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from specasr.decode.loop import decode
-from specasr.decode.task import detect_language
 from specasr.features import log_mel, log_mel_window
 from specasr.longform.chunked import chunked
 from specasr.longform.engine import Engine, LocalEngine
@@ -88,8 +87,7 @@ def transcribe(
     if info.language is None:
         content = mel.shape[-1] - N_FRAMES
         first = encode_windows(engine, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
-        with engine.exclusive():
-            info.language = detect_language(pair, first[0])[0]
+        info.language = engine.detect(first[0])[0]
         info.language_detected = True
     strategy = sequential
     if options.strategy == "chunked":

@@ -607,3 +607,23 @@ def test_sigterm_under_load_answers_every_request_and_exits_0_leaving_no_files(t
         if r.status_code != 200:
             assert_openai_error(r, 503, "shutting_down")
     assert list(temp.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_readmes_openai_snippet_runs_against_the_server(tiny, librivox, monkeypatch, capsys):
+    """The README's client snippet, as written, with only the address and the file replaced."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Server", 1)[1].split("\n## ", 1)[0]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "client.audio.transcriptions.create" in snippet and "http://127.0.0.1:8000/v1" in snippet
+    clip = min(librivox, key=lambda c: sf.info(c.path).duration)
+    snippet = snippet.replace("http://127.0.0.1:8000/v1", tiny.url + "/v1").replace(
+        "talk.wav", str(clip.path)
+    )
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    exec(compile(snippet, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    with open(clip.path, "rb") as f:
+        expected = _openai(tiny).audio.transcriptions.create(model="tiny.en", file=f).text
+    assert printed.startswith(expected + " english ") and expected

@@ -13,8 +13,9 @@ other passes (language detection, word alignment).
   transcript is the one the CLI gives for the same file and options.
 
 The engine waits for work from every registered transcription (`client()`) for at most
-`gather_s` before it runs what it has; other model passes of a transcription (`exclusive()`)
-run in the caller's thread while the engine holds no batch.
+`gather_s` before it runs what it has; language detection runs in the engine thread too, and
+the one other model pass of a transcription, word alignment (`exclusive()`), runs in the
+caller's thread while the engine holds no batch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor
 
 from specasr.decode.loop import decode_states
+from specasr.decode.task import detect_language
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
 from specasr.stats import DecodeStats, timed
@@ -53,6 +55,9 @@ class Engine(Protocol):
     ) -> list[DecodeResult]:
         """One decode pass of B windows from their encoder states (`decode_states`)."""
 
+    def detect(self, target_states: Tensor) -> list[str]:
+        """The language of each window from its target encoder states [B, 1500, d]."""
+
     def exclusive(self) -> contextlib.AbstractContextManager:
         """Held around any other model pass the caller runs itself."""
 
@@ -69,6 +74,9 @@ class LocalEngine:
 
     def decode(self, target_states, draft_states, options, prompt, stats) -> list[DecodeResult]:
         return decode_states(self.pair, target_states, draft_states, options, prompt, stats)
+
+    def detect(self, target_states: Tensor) -> list[str]:
+        return detect_language(self.pair, target_states)
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -136,6 +144,12 @@ class SharedEngine:
 
     def encode(self, windows: Tensor, stats: DecodeStats) -> tuple[Tensor, Tensor | None]:
         return self._submit(_Job(run=lambda: self.local.encode(windows, stats)))
+
+    def detect(self, target_states: Tensor) -> list[str]:
+        # a job of its own, like an encode: a transcription's decode follows its detection
+        # within one round of the engine, so the decodes of transcriptions that arrived
+        # together are ready together and share a batch
+        return self._submit(_Job(run=lambda: self.local.detect(target_states)))
 
     def decode(self, target_states, draft_states, options, prompt, stats) -> list[DecodeResult]:
         if options.temperature > 0:  # a sample draws from the generator: alone, with its own seed

@@ -21,14 +21,11 @@ still waiting for a turn get 503; then the engine closes and the temporary direc
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import hmac
 import logging
-import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +52,7 @@ from .openai_api import (
     parse_request,
     timed_out,
 )
+from .private_dirs import private_dir
 from .serve_queue import Admission
 from .serve_upload import read_upload
 from .serve_work import transcribe_upload
@@ -77,8 +75,8 @@ class Service:
         self.served = Served.of(pair, settings)
         self.admission = Admission(settings.max_concurrent, settings.max_queue)
         self.workers = ThreadPoolExecutor(settings.max_concurrent, thread_name_prefix="specasr-request")
-        self.temp_dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
-        atexit.register(shutil.rmtree, self.temp_dir, True)  # if the lifespan never ends (a crash)
+        # removed at exit if the lifespan never ends, and by the next start after a SIGKILL
+        self.temp_dir = Path(private_dir(TEMP_PREFIX))
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from specasr.apps import service
+from specasr.apps.private_dirs import remove_stale
 from specasr.apps.service import (
     SEED_LIMIT,
     TOKEN_KINDS,
@@ -33,7 +34,7 @@ from specasr.apps.service import (
 )
 
 from specasr.audio import AudioWarning
-from specasr.cli.app import TEMP_PREFIX, remove_stale_temp_dirs
+from specasr.cli.app import TEMP_PREFIX
 from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo
 from specasr.stats import DecodeStats
@@ -148,7 +149,7 @@ def test_stale_temp_dirs_of_dead_apps_are_removed(tmp_path):
     for d in (live, mine, other):
         d.mkdir()
     legacy_file.write_text("not a dir")
-    assert remove_stale_temp_dirs(str(tmp_path)) == [str(dead)]
+    assert remove_stale(TEMP_PREFIX, str(tmp_path)) == [str(dead)]
     assert not dead.exists() and live.is_dir() and mine.is_dir() and other.is_dir() and legacy_file.exists()
 
 

@@ -627,3 +627,23 @@ def test_the_readmes_openai_snippet_runs_against_the_server(tiny, librivox, monk
     with open(clip.path, "rb") as f:
         expected = _openai(tiny).audio.transcriptions.create(model="tiny.en", file=f).text
     assert printed.startswith(expected + " english ") and expected
+
+
+def test_a_new_server_removes_the_upload_dirs_of_killed_ones(random_pair, tmp_path, monkeypatch):
+    """A server killed with SIGKILL leaves its upload directory; the next one to start removes
+    it, and its own goes when it shuts down."""
+    import tempfile
+
+    from specasr.apps.server import TEMP_PREFIX
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{TEMP_PREFIX}{dead.pid}-abc"
+    (stale / "upload").mkdir(parents=True)
+    app = create_app(random_pair, ServerSettings())
+    with serving(app):
+        assert not stale.exists()
+        own = app.state.temp_dir
+        assert own.parent == tmp_path and own.name.startswith(f"{TEMP_PREFIX}{os.getpid()}-")
+    assert not own.exists()

@@ -2,63 +2,27 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
-import re
 import shutil
 import signal
 import sys
-import tempfile
 
 import click
 
+from specasr.apps.private_dirs import private_dir
 from specasr.apps.service import AppOptions
 from specasr.cli.common import check_compute_type, load_models, model_options
 
 _APP = AppOptions()
 TEMP_PREFIX = "specasr-app-"  # + owner pid + "-": the app's private GRADIO_TEMP_DIR
-_OWNED = re.compile(rf"{TEMP_PREFIX}(\d+)-")
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def remove_stale_temp_dirs(root: str | None = None) -> list[str]:
-    """Removes this user's `specasr-app-<pid>-*` directories whose pid no longer runs (an app
-    killed with SIGKILL, or a crash); returns their paths."""
-    root = root or tempfile.gettempdir()
-    removed = []
-    with contextlib.suppress(OSError), os.scandir(root) as entries:
-        for entry in entries:
-            match = _OWNED.match(entry.name)
-            if not match or not entry.is_dir(follow_symlinks=False):
-                continue
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                    continue
-            pid = int(match[1])
-            if pid != os.getpid() and not _alive(pid):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
-    return removed
 
 
 def private_temp_dir() -> str:
     """A fresh `specasr-app-<pid>-*` directory, removed when this process exits (normally, on
     Ctrl-C, or on SIGTERM / SIGHUP while the app serves); stale ones are removed first."""
-    remove_stale_temp_dirs()
-    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+    return private_dir(TEMP_PREFIX)
 
 
 @contextlib.contextmanager

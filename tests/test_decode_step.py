@@ -8,7 +8,6 @@ import pytest
 import torch
 from tiny_pairs import random_tiny_pair
 
-from specasr import stats as stats_module
 from specasr.decode.loop import decode
 from specasr.decode.step import Hooks
 from specasr.options import DecodeOptions
@@ -66,7 +65,7 @@ class _FakeEvent:
 
 
 def test_cuda_clock_records_events_and_reads_them_once(monkeypatch):
-    monkeypatch.setattr(stats_module.torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(_FakeEvent, "syncs", 0)
     stats = DecodeStats()
     clock = Clock(stats, torch.device("cuda"), enabled=True)
@@ -85,7 +84,7 @@ def test_a_disabled_clock_never_touches_the_device(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a disabled clock made a CUDA event")
 
-    monkeypatch.setattr(stats_module.torch.cuda, "Event", boom)
+    monkeypatch.setattr(torch.cuda, "Event", boom)
     stats = DecodeStats()
     clock = Clock(stats, torch.device("cuda"), enabled=False)
     with clock.phase("target_s"):

@@ -103,6 +103,15 @@ def shutting_down() -> ApiError:
     )
 
 
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"The file is larger than this server takes ({max_bytes / MIB:g} MiB).",
+        param="file",
+        code="file_too_large",
+    )
+
+
 def timed_out(seconds: float) -> ApiError:
     return ApiError(
         504,

@@ -20,7 +20,7 @@ except ImportError:  # older releases: the same module under the name `multipart
     from multipart.exceptions import FormParserError
     from multipart.multipart import MultipartParser, parse_options_header
 
-from .openai_api import MIB, ApiError, invalid
+from .openai_api import MIB, invalid, too_large
 
 MAX_FIELDS = 64  # text fields in one request
 MAX_FIELD_BYTES = 64 * 1024  # bytes of one text field (a prompt is at most 224 tokens)
@@ -44,15 +44,6 @@ class Upload:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.unlink()
-
-
-def too_large(max_bytes: int) -> ApiError:
-    return ApiError(
-        413,
-        f"The file is larger than this server takes ({max_bytes / MIB:g} MiB).",
-        param="file",
-        code="file_too_large",
-    )
 
 
 class _Form:

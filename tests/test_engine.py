@@ -16,6 +16,7 @@ from tiny_pairs import random_tiny_pair
 from specasr.longform import engine as engine_module
 from specasr.longform.engine import EngineClosed, LocalEngine, SharedEngine
 from specasr.options import front_end_options
+from specasr.runtime.runner import LeanDecoder, lean_decoder
 from specasr.stats import DecodeStats
 from specasr.transcription import transcribe
 
@@ -107,6 +108,77 @@ def test_sampled_passes_and_encodes_run_alone_greedy_ones_share(monkeypatch):
         engine.decode(*states, hot, None, DecodeStats())
     assert calls == [(0.8, 1, ())]
     engine.close()
+
+
+def _count_projections(monkeypatch, pair) -> list[int]:
+    """Counts the target's cross K/V projections (`LeanDecoder.cross_kv`): rows per call."""
+    rows, real, target = [], LeanDecoder.cross_kv, lean_decoder(pair.target)
+
+    def spy(self, states, kt):
+        if self is target:  # (the tiny pair's draft has an encoder and a decoder of its own)
+            rows.append(states.shape[0])
+        return real(self, states, kt)
+
+    monkeypatch.setattr(LeanDecoder, "cross_kv", spy)
+    return rows
+
+
+def test_a_windows_detection_decode_and_fallbacks_project_its_frames_once(monkeypatch):
+    """Language detection, the greedy decode and a sampled fallback of one window read one
+    projection of its encoder frames, and decode exactly as if each had projected its own."""
+    pair = random_tiny_pair(seed=0)
+    assert pair.tokenizer.multilingual  # detection runs the target
+    engine = LocalEngine(pair)
+    mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(4))  # [1, 80, 3000]
+    target, draft = engine.encode(mel, DecodeStats())
+    opts = replace(front_end_options().decode, mode="exact", max_new_tokens=6)
+    fresh = []
+    for temperature in (0.0, 0.8):  # each on its own copy of the states: projected anew
+        o = replace(opts, language="en", temperature=temperature)
+        copy = target.clone()
+        fresh.append(engine.decode(copy, copy if draft is target else draft.clone(), o, None, DecodeStats()))
+    rows = _count_projections(monkeypatch, pair)
+    language = engine.detect(target)
+    got = [
+        engine.decode(target, draft, replace(opts, language="en", temperature=t), None, DecodeStats())
+        for t in (0.0, 0.8)
+    ]
+    assert language and rows == [1]
+    for a, b in zip(got, fresh):
+        assert (a[0].tokens, a[0].avg_logprob) == (b[0].tokens, b[0].avg_logprob)
+
+
+def test_a_shared_batch_reads_the_projections_its_windows_detection_made(monkeypatch):
+    """Two requests detect their language, then decode as rows of one batch: the batch joins
+    their projections instead of projecting 2 rows again, and each gets its tokens alone."""
+    pair = random_tiny_pair(seed=0)
+    local = LocalEngine(pair)
+    mels = [torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(s)) for s in (5, 6)]
+    states = [local.encode(m, DecodeStats()) for m in mels]
+    opts = replace(front_end_options().decode, mode="exact", max_new_tokens=6, language="en")
+    alone = [
+        local.decode(t.clone(), None, replace(opts, mode="autoregressive"), None, DecodeStats())
+        for t, _ in states
+    ]
+    rows = _count_projections(monkeypatch, pair)
+    engine = SharedEngine(pair, gather_s=5.0)  # waits for both registered clients
+    results = [None, None]
+    barrier = threading.Barrier(2)
+
+    def one(i):
+        with engine.client():
+            engine.detect(states[i][0])
+            barrier.wait()
+            results[i] = engine.decode(*states[i], opts, None, DecodeStats())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    assert engine.batches == [2] and rows == [1, 1]  # the detections' projections only
+    assert [r[0].tokens for r in results] == [a[0].tokens for a in alone]
 
 
 def test_errors_reach_their_caller_and_a_closed_engine_refuses_work():

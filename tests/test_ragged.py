@@ -23,7 +23,7 @@ from specasr.decode.runners import make_runner
 from specasr.decode.step import Hooks, Pass
 from specasr.models.draft import DistilledDraft
 from specasr.options import DecodeOptions
-from specasr.runtime.runner import LeanDecoder, LeanRunner, lean_decoder
+from specasr.runtime.runner import NARROW, LeanDecoder, LeanRunner, lean_decoder
 from specasr.stats import DecodeStats
 
 GREEDY = DecodeOptions(mode="baseline", gamma=4, gamma_policy="fixed", draft_stop=0.0, max_new_tokens=30)
@@ -143,6 +143,54 @@ def test_ragged_runner_equals_each_row_alone(tiny, kind):
         ctx[2] += pair_block[0].tolist()
         ctx[0] += pair_block[1].tolist()
         check(runner, [2, 0], runner(pair_block, 2))
+
+
+def test_keep_compacts_in_place_and_a_lent_draft_follows(tiny):
+    """`keep` with rows in order moves the kept rows down inside the caches it owns (no new
+    tensors), and a draft reading the target's cross K/V in place (`plain_cross`) narrows its
+    views while the target moves the rows: afterwards each kept row of both runners scores as
+    that row decoded alone. Rows out of order are gathered, with the same result."""
+    t = tiny.target
+    draft = DistilledDraft.from_target(t, (1, 0), torch.arange(t.config.vocab_size)).attach(t)
+    assert draft.cross_pool == 1 and draft.cross_dtype is None  # reads the target's K/V as they are
+    states = _states(4, seed=5)
+    g = torch.Generator().manual_seed(6)
+    lengths = [6, 4, 5, 3]
+
+    def run(rows: list[int]) -> list[torch.Tensor]:
+        """Both runners over `states`, rows cut to `lengths`, two tokens fed, `rows` kept, one
+        more token fed -> the kept rows' last logits [len(rows), V], target's then draft's."""
+        ctx = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068]] * len(states))
+        target = make_runner(t, states)
+        lent = make_runner(draft, states, target)
+        assert NARROW in lent._cross_rows  # the draft reads the target's storage in place
+        for r in (target, lent):
+            r(ctx, 1)
+            r.rollback(lengths)
+            r(torch.randint(0, 50000, (4, 2), generator=torch.Generator().manual_seed(7)), 1)
+        owned = [k.data_ptr() for k in target.k] + [k.data_ptr() for k, _ in target.cross]
+        for r in (target, lent):
+            r.keep(rows)
+        if rows == sorted(rows):
+            assert [k.data_ptr() for k in target.k] + [k.data_ptr() for k, _ in target.cross] == owned
+        step = torch.randint(0, 50000, (len(rows), 1), generator=g)
+        return [r(step, 1)[:, -1] for r in (target, lent)], step
+
+    def alone(row: int, step: torch.Tensor) -> list[torch.Tensor]:
+        one = states[row : row + 1]
+        target = make_runner(t, one)
+        lent = make_runner(draft, one, target)
+        seq = [50258, 50259, 50359, 50363, 440, 2068][: lengths[row]]
+        fed = torch.randint(0, 50000, (4, 2), generator=torch.Generator().manual_seed(7))[row].tolist()
+        whole = torch.tensor([seq + fed + step.tolist()])
+        return [r(whole, 1)[0, -1] for r in (target, lent)]
+
+    with torch.inference_mode():
+        for rows in ([1, 3], [0, 2, 3], [3, 1]):
+            kept, step = run(rows)
+            for j, r in enumerate(rows):
+                for got, want in zip(kept, alone(r, step[j])):
+                    torch.testing.assert_close(got[j], want, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.skipif(not int8_available(), reason="this PyTorch build has no fbgemm int8 products")

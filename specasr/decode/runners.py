@@ -14,10 +14,12 @@ sets lengths; nothing is recomputed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from specasr.runtime.runner import LeanDecoder, LeanRunner, lean_decoder
 
@@ -65,9 +67,66 @@ def make_runner(model, encoder_states: Tensor, target: Runner | None = None) -> 
     if isinstance(model, BringsRunner):
         shared = isinstance(target, LeanRunner) and target.states is encoder_states
         return model.runner(encoder_states, target.plain_cross() if shared else None)
-    if LeanDecoder.supports(model):
-        return LeanRunner(lean_decoder(model), encoder_states)
-    return LeanRunner(model.model.decoder, encoder_states)
+    decoder = _decoder(model)
+    held = _held(encoder_states, decoder)
+    if held is not None:
+        if held.mine:  # handed over once (`join_cross`)
+            del _CROSS[encoder_states][id(decoder)]
+        return LeanRunner(decoder, encoder_states, held.cross, mine=held.mine)
+    runner = LeanRunner(decoder, encoder_states)
+    if encoder_states.shape[0] == 1:  # one row: `keep` never moves it, so the runner may share it
+        _hold(encoder_states, _Held(decoder, list(runner.plain_cross()), mine=False))
+    return runner
+
+
+def _decoder(model):
+    """A Whisper model's decoder as its runner runs it: the `LeanDecoder` view in fp32 on a
+    CPU, else its own layers."""
+    return lean_decoder(model) if LeanDecoder.supports(model) else model.model.decoder
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One decoder's cross K/V per layer [B, H, S, dh] on one encoder states tensor."""
+
+    decoder: object
+    cross: list[tuple[Tensor, Tensor]]
+    mine: bool  # handed to the next runner to own (True), or shared by every runner (False)
+
+
+# Encoder states -> per decoder (by id) its cross K/V on them, computed by the first runner
+# over one window's states and read by every later one while the states live: the window's
+# language detection, its decode and each temperature fallback project the frames once.
+_CROSS = WeakIdKeyDictionary()
+
+
+def _held(states: Tensor, decoder) -> _Held | None:
+    held = _CROSS.get(states, {}).get(id(decoder))
+    return held if held is not None and held.decoder is decoder else None
+
+
+def _hold(states: Tensor, held: _Held) -> None:
+    _CROSS.setdefault(states, {})[id(held.decoder)] = held
+
+
+def join_cross(model, parts: list[Tensor], joined: Tensor) -> bool:
+    """When every one of `parts` (encoder states [1, S, d] each) holds the model's cross K/V,
+    hands their concatenation to the next runner built on `joined` (the parts' rows, in
+    order): a batch of windows whose detection already projected their frames does not
+    project them again. Returns whether it did."""
+    if isinstance(model, BringsRunner):
+        return False
+    decoder = _decoder(model)
+    held = [_held(p, decoder) for p in parts]
+    if not held or any(h is None for h in held):
+        return False
+    with torch.inference_mode():
+        cross = [
+            (torch.cat([h.cross[i][0] for h in held]), torch.cat([h.cross[i][1] for h in held]))
+            for i in range(len(held[0].cross))
+        ]
+    _hold(joined, _Held(decoder, cross, mine=True))
+    return True
 
 
 class PromptTail:

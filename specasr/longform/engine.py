@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from specasr.decode.loop import decode_states
+from specasr.decode.runners import join_cross
 from specasr.decode.task import detect_language
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
@@ -232,6 +233,7 @@ class SharedEngine:
         if len(jobs) == 1:
             return [self.local.decode(*first.states, first.options, first.prompt, first.stats)]
         target = torch.cat([j.states[0] for j in jobs])  # [sum of rows, 1500, d_target]
+        join_cross(self.pair.target, [j.states[0] for j in jobs], target)  # projected by their detection
         no_draft, shared = first.key[2], first.key[3]
         draft = None if no_draft else target if shared else torch.cat([j.states[1] for j in jobs])
         stats = DecodeStats()

@@ -48,7 +48,7 @@ from specasr.constants import COST_KEYS
 from specasr.models.mapped import gather_rows
 from specasr.runtime.forms import LayerForm, choose
 from specasr.runtime.layers import DecoderLayer, embed, fuse_qkv, no_init
-from specasr.runtime.runner import LeanRunner
+from specasr.runtime.runner import LeanRunner, LentCross
 
 FORMAT = "specasr-draft"
 VERSION = 1
@@ -215,7 +215,8 @@ class DistilledDraft(nn.Module):
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
-        if self.cross_pool > 1 or self.cross_dtype is not None:
+        derived = self.cross_pool > 1 or self.cross_dtype is not None
+        if derived:
             # [B, H, S / p, dh] per layer (in cross_dtype, when set): the runner keeps them as given
             with torch.inference_mode():
                 own = [None] * len(self.layers) if cross is None else cross
@@ -225,7 +226,10 @@ class DistilledDraft(nn.Module):
                 ]
                 if self.cross_dtype is not None:
                     cross = [(k.to(self.cross_dtype), v.to(self.cross_dtype)) for k, v in cross]
-        return LeanRunner(self, states, cross, form)
+        # read as given, a lent K/V stays the target runner's (it moves their rows on `keep`);
+        # derived ones are fresh, the runner's own
+        lent = isinstance(target_cross, LentCross) and not derived
+        return LeanRunner(self, states, cross, form, lent=lent, mine=derived)
 
     def quantize_int8(
         self, script: bool = True, bf16_cross: bool | None = None, fused: bool = True

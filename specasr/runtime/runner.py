@@ -187,6 +187,20 @@ class CrossProducts:
 CrossProducts.NONE = CrossProducts(torch.empty(0), torch.empty(0), None, None)
 
 
+MOVE, NARROW, COPY = "move", "narrow", "copy"  # how `LeanRunner.keep` treats a layer's cross K/V
+
+
+class LentCross(list):
+    """Per layer one runner's cross K, V (views, `LeanRunner.plain_cross`), lent to another
+    runner over the same rows. The two are kept together (`keep`, with the same rows): the
+    lender moves the rows, and the borrower narrows its views of them."""
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors are views of one storage."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (head, its weight, LeanDecoder)
 
 
@@ -236,13 +250,26 @@ class LeanRunner:
     its own length."""
 
     def __init__(
-        self, decoder, states: Tensor, cross: list | None = None, form: LayerForm | None = None
+        self,
+        decoder,
+        states: Tensor,
+        cross: list | None = None,
+        form: LayerForm | None = None,
+        lent: bool | None = None,
+        mine: bool = False,
     ) -> None:
         """cross: per layer precomputed cross K, V [B, H, S, dh] for these states, or None to
         compute it. form: how the layers run (`specasr.runtime.forms`); None: the decoder's
-        own (`LeanDecoder.form`), else chosen from its layers."""
+        own (`LeanDecoder.form`), else chosen from its layers.
+
+        Whose rows `keep` may move, where this runner reads given K/V in place (a layout that
+        needs a copy makes the copy this runner's): lent, another runner's views
+        (`plain_cross`) kept with this one over the same rows, which moves them (None: whether
+        `cross` is a `LentCross`); mine, tensors no one else reads, moved here; neither, the
+        caller's, left as they are (the first `keep` copies the rows it keeps)."""
+        lent = isinstance(cross, LentCross) if lent is None else lent
         self.decoder = decoder
-        self.states = states  # [B, S, d]
+        self._states, self._rows = states, None  # [B0, S, d] as given; the kept rows of it (None: all)
         B = states.shape[0]
         self.lengths = [0] * B  # per row: positions the cache holds
         if form is None and isinstance(decoder, LeanDecoder):
@@ -264,13 +291,28 @@ class LeanRunner:
                     layer.cross_kv(states, self.fixed) if kv is None else self._own(*kv)
                     for kv, layer in zip(cross, decoder.layers)
                 ]
+        # per layer, how `keep` treats its cross K/V: MOVE (this runner's), NARROW (a lender's), COPY
+        self._cross_rows = [
+            MOVE if kv is None or mine or not _same_storage(kv[0], own[0]) else NARROW if lent else COPY
+            for kv, own in zip(cross, self.cross)
+        ]
         shape = (B, decoder.heads, N_TEXT_CTX, decoder.d_model // decoder.heads)
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
-        fused = getattr(
-            decoder, "fused", None
-        )  # a draft's one-token step in C (`specasr.backends.cpu.fused`)
-        self._fused = fused.state(self.k, self.v, self.cross) if fused is not None and B == 1 else None
+        self._fused = self._bind_fused()
+
+    def _bind_fused(self):
+        """A draft's one-token step in C (`specasr.backends.cpu.fused`) bound to this runner's
+        tensors, when it has one and one row; else None."""
+        fused = getattr(self.decoder, "fused", None)
+        if fused is None or self.k[0].shape[0] != 1:
+            return None
+        return fused.state(self.k, self.v, self.cross)
+
+    @property
+    def states(self) -> Tensor:
+        """[B, S, d]: the encoder states of the rows kept."""
+        return self._states if self._rows is None else self._states[self._rows]
 
     @property
     def vocab(self) -> list[int] | None:
@@ -324,9 +366,10 @@ class LeanRunner:
         """A given cross K, V [B, H, S, dh] in this runner's layout, contiguous."""
         return (k.transpose(2, 3) if self.fixed else k).contiguous(), v.contiguous()
 
-    def plain_cross(self) -> list[tuple[Tensor, Tensor]]:
-        """Per layer the cross K, V [B, H, S, dh] (views), for a draft that shares them."""
-        return [(k.transpose(2, 3), v) if self.fixed else (k, v) for k, v in self.cross]
+    def plain_cross(self) -> LentCross:
+        """Per layer the cross K, V [B, H, S, dh] (views), for a draft that shares them and is
+        kept with this runner (`keep` moves their rows in place)."""
+        return LentCross((k.transpose(2, 3), v) if self.fixed else (k, v) for k, v in self.cross)
 
     def _tail_mask(self, mask: Tensor | None, T: int, skip: int) -> Tensor | None:
         """The uniform pass's mask for its query rows from `skip` on (keys unchanged)."""
@@ -351,16 +394,48 @@ class LeanRunner:
             lengths = [lengths] * len(self.lengths)
         self.lengths = [min(a, b) for a, b in zip(self.lengths, lengths)]
 
+    @torch.inference_mode()  # the caches are inference tensors, moved in place
     def keep(self, rows: list[int] | Tensor) -> None:
-        """Keep only these batch rows (finished rows stop consuming work)."""
-        rows = rows.tolist() if isinstance(rows, Tensor) else rows
-        index = torch.tensor(rows, device=self.states.device)
-        self._fused = None  # its tensors are replaced
-        self.k = [k[index] for k in self.k]
-        self.v = [v[index] for v in self.v]
-        self.cross = [(k[index], v[index]) for k, v in self.cross]
-        self.states = self.states[index]
+        """Keep only these batch rows (finished rows stop consuming work). Rows in ascending
+        order (the loop's) are compacted in place: each kept row that moves is copied down
+        once, its self-attention cache only as far as it holds, and the tensors become views
+        of their first rows. Any other order is gathered into new tensors."""
+        rows = rows.tolist() if isinstance(rows, Tensor) else list(rows)
+        self._rows = rows if self._rows is None else [self._rows[r] for r in rows]
+        if all(a < b for a, b in zip(rows, rows[1:])):
+            self._compact(rows)
+        else:
+            index = torch.tensor(rows, device=self.k[0].device)
+            self.k = [k[index] for k in self.k]
+            self.v = [v[index] for v in self.v]
+            self.cross = [(k[index], v[index]) for k, v in self.cross]
+            self._cross_rows = [MOVE] * len(self.cross)  # copies now: this runner's own
         self.lengths = [self.lengths[r] for r in rows]
+        self._fused = self._bind_fused()  # its tensors moved; one row left: the C step again
+
+    def _compact(self, rows: list[int]) -> None:
+        """rows ascending: row rows[i] moves to i. Copying in ascending order never overwrites
+        a row before it is read (i <= rows[i] < rows[j] for i < j)."""
+        moves = [(dst, src) for dst, src in enumerate(rows) if dst != src]
+        if moves:
+            held = max(self.lengths[src] for _, src in moves)  # positions beyond hold nothing read
+            for cache in self.k + self.v:  # [B, H, 448, dh]
+                for dst, src in moves:
+                    cache[dst, :, :held].copy_(cache[src, :, :held])
+            for (k, v), how in zip(self.cross, self._cross_rows):
+                if how == MOVE:  # a lender moves its own; the caller's are copied below
+                    for t in (k, v):
+                        for dst, src in moves:
+                            t[dst].copy_(t[src])
+        n = len(rows)
+        self.k = [k[:n] for k in self.k]
+        self.v = [v[:n] for v in self.v]
+        index = torch.tensor(rows, device=self.k[0].device)
+        self.cross = [
+            (k[index], v[index]) if how == COPY else (k[:n], v[:n])
+            for (k, v), how in zip(self.cross, self._cross_rows)
+        ]
+        self._cross_rows = [MOVE if how == COPY else how for how in self._cross_rows]
 
     def cache_prefix(self, row: int) -> list[Tensor]:
         """Per layer row `row`'s valid self-attention K and V [H, lengths[row], dh] (for tests)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from specasr.constants import BACKENDS, MODES
 
 GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic", "backoff")
-# the front ends' name for "detect the language" (`DecodeOptions.language` None), and the CLI's
-# and the app's default; the library's own default stays "en"
+# the front ends' name for "detect the language" (`DecodeOptions.language` None), the default of
+# the CLI, the app and `transcribe` (`TranscribeOptions`); one window's `DecodeOptions` says "en"
 DETECT_LANGUAGE = "auto"
 
 
@@ -116,10 +116,10 @@ def fallback_schedule(temperature: float) -> tuple[float, ...]:
 class TranscribeOptions:
     # per-window decoding. Three of its fields are set per window, not used as given:
     # temperature runs through `temperatures` (so it must equal temperatures[0], the start);
-    # language is the given one, or the one detected on the first window when None;
+    # language is the given one, or, None (the default), the one detected on the first window;
     # seed is a base: window k (sequential) or the batch starting at window k (chunked) draws
     # with seed + k, so every window samples from its own stream.
-    decode: DecodeOptions = DecodeOptions(timestamps=True, max_new_tokens=224)
+    decode: DecodeOptions = DecodeOptions(timestamps=True, max_new_tokens=224, language=None)
     strategy: str = "sequential"  # sequential (Whisper's seek loop) | chunked (spans cut at pauses, batched)
     temperatures: tuple[float, ...] = FALLBACK_TEMPERATURES  # fallback schedule, from decode.temperature
     compression_ratio_threshold: float | None = 2.4  # fall back when gzip ratio of the text is above
@@ -161,8 +161,16 @@ class TranscribeOptions:
     def with_decode(self, **changes) -> TranscribeOptions:
         """These options with `decode` fields replaced: o.with_decode(mode="autoregressive").
 
-        A new temperature needs a schedule starting there: replace `temperatures` as well."""
-        return replace(self, decode=replace(self.decode, **changes))
+        A new temperature starts Whisper's fallback schedule there (`fallback_schedule`) when
+        the schedule was the one from the old temperature; another schedule must be replaced
+        with it (`dataclasses.replace(o, decode=..., temperatures=...)`)."""
+        decode = replace(self.decode, **changes)
+        temperatures = self.temperatures
+        if decode.temperature != self.decode.temperature and temperatures == fallback_schedule(
+            self.decode.temperature
+        ):
+            temperatures = fallback_schedule(decode.temperature)
+        return replace(self, decode=decode, temperatures=temperatures)
 
 
 def front_end_options(

@@ -438,3 +438,19 @@ def test_the_long_form_benchmark_loads_the_dtype_it_is_given(monkeypatch, tmp_pa
     assert isinstance(result.exception, RuntimeError) and str(result.exception) == "loaded"
     assert seen == [dict(device="cpu", dtype=dtype, compute_type="float32")]
     assert CliRunner().invoke(bench.main, [*args, "--dtype", "fp8"]).exit_code == 2
+
+
+@pytest.mark.slow  # loads base; runs espeak-ng (CI installs it)
+def test_the_library_detects_the_language_by_default(base_pair, tmp_path):
+    """`transcribe(path, pair)` with its default options detects the language, as the CLI
+    does: German speech comes out in German, not forced through English."""
+    import subprocess
+
+    wav = tmp_path / "de.wav"
+    text = "Guten Morgen, wie geht es Ihnen heute? Das Wetter ist sehr schön."
+    speech = ["espeak-ng", "-v", "de", "-s", "150", "--stdout", text]
+    wav.write_bytes(subprocess.run(speech, capture_output=True, check=True).stdout)
+    segments, info = transcribe(wav, with_self_draft(base_pair, 2))  # options: all defaults
+    said = "".join(s.text for s in segments).lower()
+    assert (info.language, info.language_detected) == ("de", True)
+    assert "guten morgen" in said and "wie geht es" in said

@@ -28,8 +28,9 @@ def test_a_temperature_off_the_schedule_is_rejected():
     assert "temperatures[0] = 0" in str(e.value) and "fallback_schedule(0.5)" in str(e.value)
     with pytest.raises(ValueError, match=CONFLICT):
         TranscribeOptions(temperatures=(0.2, 0.4))  # decode.temperature is 0
+    custom = TranscribeOptions(temperatures=(0.0, 0.5))
     with pytest.raises(ValueError, match=CONFLICT):
-        TranscribeOptions().with_decode(temperature=1.0)  # a new start needs a new schedule
+        custom.with_decode(temperature=1.0)  # a schedule of the user's own is not moved
     with pytest.raises(ValueError, match=CONFLICT):
         replace(TranscribeOptions(), temperatures=fallback_schedule(0.4))
     with pytest.raises(ValueError, match=CONFLICT):  # a schedule step is not the start
@@ -130,3 +131,13 @@ def test_draft_prompt_is_a_count_or_none():
     )
     with pytest.raises(ValueError, match="draft_prompt"):
         DecodeOptions(draft_prompt=-1)
+
+
+def test_with_decode_moves_whispers_schedule_to_a_new_temperature():
+    """A new temperature starts the default schedule there, as faster-whisper's `temperature`
+    does; the detected language is the long-form default, as on the CLI."""
+    opts = TranscribeOptions().with_decode(temperature=0.2)
+    assert (opts.decode.temperature, opts.temperatures) == (0.2, (0.2, 0.4, 0.6, 0.8, 1.0))
+    assert opts.with_decode(temperature=0.0).temperatures == fallback_schedule(0.0)
+    assert TranscribeOptions().with_decode(mode="autoregressive").temperatures == fallback_schedule(0.0)
+    assert TranscribeOptions().decode.language is None and DecodeOptions().language == "en"

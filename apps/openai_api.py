@@ -13,7 +13,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MODES, STRATEGIES, front_end_options
+from specasr.options import (
+    DETECT_LANGUAGE,
+    GAMMA_LIMIT,
+    GAMMA_POLICIES,
+    MAX_TEMPERATURE,
+    MODES,
+    SEED_LIMIT,
+    STRATEGIES,
+    front_end_options,
+)
 from specasr.writers import FORMATS, SubtitleOptions
 
 if TYPE_CHECKING:  # types only: `specasr serve --help` imports this module without torch
@@ -22,7 +31,6 @@ if TYPE_CHECKING:  # types only: `specasr serve --help` imports this module with
     from specasr.options import TranscribeOptions
 
 MIB = 2**20
-SEED_LIMIT = 2**63  # seeds feed torch.Generator.manual_seed
 ALIAS = "whisper-1"  # OpenAI's model name, accepted for the served model
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("segment", "word")
@@ -200,10 +208,10 @@ FIELDS = {
     "language": _text,
     "prompt": _text,
     "response_format": _choice(RESPONSE_FORMATS),
-    "temperature": _number(float, 0),
+    "temperature": _number(float, 0, MAX_TEMPERATURE),
     "timestamp_granularities[]": _choice(GRANULARITIES),
     "mode": _choice(MODES),
-    "gamma": _number(int, 1),
+    "gamma": _number(int, 1, GAMMA_LIMIT),
     "gamma_policy": _choice(GAMMA_POLICIES),
     "draft_stop": _number(float, 0, 1, high_open=True),
     "strategy": _choice(STRATEGIES),

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from specasr.constants import SAMPLE_RATE
-from specasr.options import DETECT_LANGUAGE, TranscribeOptions, fallback_schedule, language_of
+from specasr.options import (
+    DETECT_LANGUAGE,
+    GAMMA_LIMIT,
+    MAX_TEMPERATURE,
+    SEED_LIMIT,
+    TranscribeOptions,
+    fallback_schedule,
+    language_of,
+)
 
 if TYPE_CHECKING:  # types only: `specasr app --help` does not load torch
     import numpy as np
@@ -64,13 +72,17 @@ class Controls:
         """The long-form options these controls stand for; ValueError names a bad value."""
         gamma = int(self.gamma)
         seed = _seed(self.seed)
+        if not 1 <= gamma <= GAMMA_LIMIT:
+            raise InputError(f"γ must be a whole number from 1 to {GAMMA_LIMIT}; got {self.gamma!r}.")
+        if not 0 <= float(self.temperature) <= MAX_TEMPERATURE:
+            message = f"The temperature must be from 0 to {MAX_TEMPERATURE:g}; got {self.temperature}."
+            raise InputError(message)
         decode = replace(
             _DECODE,
             mode=self.mode,
             temperature=float(self.temperature),  # the start of the fallback schedule below
             gamma=gamma,
             gamma_policy=self.gamma_policy,
-            gamma_max=max(_DECODE.gamma_max, gamma),
             draft_stop=float(self.draft_stop),
             sigmoid_scale=(float(self.sigmoid_alpha), float(self.sigmoid_beta)),
             language=language_of(self.language),
@@ -84,9 +96,6 @@ class Controls:
 
 class InputError(ValueError):
     """A request the app cannot serve as asked; the message is meant for the user."""
-
-
-SEED_LIMIT = 2**63  # seeds feed torch.Generator.manual_seed: 0 <= seed < 2**63
 
 
 def _seed(value) -> int:

@@ -199,8 +199,8 @@ def _decode(
     ffmpeg_stdin: bytes | None = None,
 ) -> np.ndarray:
     """Decode with libsndfile in blocks, else ffmpeg; float32 mono at ``sr``."""
-    try:
-        f = sf.SoundFile(file)
+    try:  # a path as the file system's bytes: a name that is not UTF-8 opens as it is
+        f = sf.SoundFile(os.fsencode(file) if isinstance(file, Path) else file)
     except sf.SoundFileError as err:
         sf_reason = getattr(err, "error_string", None) or str(err)
     else:

@@ -17,6 +17,14 @@ GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic", "backoff")
 DETECT_LANGUAGE = "auto"
 
 
+# What the front ends (CLI, app, server) accept, checked before anything loads: γ up to the
+# adaptive policies' bound; a temperature up to the end of Whisper's fallback schedule (OpenAI's
+# API takes 0–1 too); a seed torch.Generator.manual_seed takes.
+GAMMA_LIMIT = 16
+MAX_TEMPERATURE = 1.0
+SEED_LIMIT = 2**63  # 0 <= seed < SEED_LIMIT
+
+
 def language_of(name: str) -> str | None:
     """A front end's language name -> `DecodeOptions.language`: DETECT_LANGUAGE -> None."""
     return None if name == DETECT_LANGUAGE else name
@@ -28,7 +36,7 @@ class DecodeOptions:
     temperature: float = 0.0  # 0 = greedy; > 0 samples from softmax(logits / T)
     gamma: int = 7  # draft tokens per step (at most, with draft_stop): fixed value or adaptive start
     gamma_policy: str = "auto"  # auto (CPU: backoff, CUDA: adaptive) | fixed | adaptive | analytic | backoff
-    gamma_max: int = 16  # upper bound for the adaptive and analytic policies
+    gamma_max: int = GAMMA_LIMIT  # upper bound for the adaptive and analytic policies
     draft_stop: float = 0.6  # stop drafting once q(proposal) < this (0 = always γ); exact
     # the draft reads at most the last N tokens of a <|startofprev|> prompt (None: all); the
     # target always reads all of it, so this moves α, never the output. 32: held-out long-form
@@ -204,7 +212,6 @@ def front_end_options(
         temperature=temperature,
         gamma=gamma,
         gamma_policy=gamma_policy,
-        gamma_max=max(base.decode.gamma_max, gamma),
         draft_stop=draft_stop,
         language=language_of(language),
         task=task,

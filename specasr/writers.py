@@ -256,7 +256,12 @@ def render_json(segments: Sequence[Segment], info: TranscriptionInfo, source: di
 def _dump_json(doc: dict, source: dict | None) -> str:
     if source is not None:
         doc["source"] = source
-    return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+    text = json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a file name that is not UTF-8 (its bytes kept as surrogates)
+        text = json.dumps(doc, indent=1) + "\n"  # escaped: it reads back as the same name
+    return text
 
 
 def json_with_source(text: str, source: dict | None) -> str:

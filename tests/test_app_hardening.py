@@ -162,6 +162,15 @@ def test_seed_out_of_range_is_a_clear_message(seed):
         Controls(seed=seed).options()
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("gamma", 0), ("gamma", 17), ("temperature", 1.5), ("temperature", -0.1)]
+)
+def test_gamma_and_temperature_out_of_range_are_refused(field, value):
+    """The same bounds as the CLI's and the server's, for requests that bypass the sliders."""
+    with pytest.raises(InputError, match="γ must be|temperature must be"):
+        Controls(**{field: value}).options()
+
+
 def test_seed_in_range_reaches_the_decoder():
     assert Controls(seed=SEED_LIMIT - 1).options().decode.seed == SEED_LIMIT - 1
     assert Controls(seed=7.0).options().decode.seed == 7  # Gradio's Number sends floats

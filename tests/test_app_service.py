@@ -25,7 +25,7 @@ def test_controls_map_onto_the_library_options():
     opts = Controls(
         mode="sigmoid",
         gamma_policy="fixed",
-        gamma=20.0,  # sliders send floats
+        gamma=12.0,  # sliders send floats
         draft_stop=0.35,
         temperature=0.5,
         sigmoid_alpha=-4,
@@ -36,7 +36,7 @@ def test_controls_map_onto_the_library_options():
         seed=7.0,
     ).options()
     d = opts.decode
-    assert (d.mode, d.gamma_policy, d.gamma, d.gamma_max) == ("sigmoid", "fixed", 20, 20)
+    assert (d.mode, d.gamma_policy, d.gamma, d.gamma_max) == ("sigmoid", "fixed", 12, 16)
     assert d.draft_stop == 0.35
     assert d.sigmoid_scale == (-4.0, 6.0) and d.language == "de" and d.task == "translate"
     assert d.timestamps is False and d.seed == 7

@@ -116,11 +116,17 @@ def test_models_lists_presets():
 
 
 def test_unloadable_model_is_a_clear_error_in_every_command(tmp_path, librivox):
-    missing = str(tmp_path / "no-such-model")
+    """A directory that holds no model fails to load (exit 1, one message); a path that is not
+    there is a usage error before anything loads (exit 2)."""
+    empty = tmp_path / "no-model-here"
+    empty.mkdir()
     for args in (["transcribe", str(librivox[0].path)], ["bench", str(librivox[0].path)]):
-        result = CliRunner().invoke(main, [*args, "--model", missing])
+        result = CliRunner().invoke(main, [*args, "--model", str(empty), "--draft", "self:2"])
         assert result.exit_code == 1, (args, result.output)
-        assert "cannot load model" in result.stderr and "no-such-model" in result.stderr
+        assert "cannot load model" in result.stderr and "no-model-here" in result.stderr
+    missing = str(tmp_path / "no-such-model")
+    result = CliRunner().invoke(main, ["transcribe", str(librivox[0].path), "--model", missing])
+    assert result.exit_code == 2 and "no such directory" in result.stderr, result.output
 
 
 _PROBE = """

@@ -281,6 +281,19 @@ def _late_usage_errors(tmp_path):
         ["--device", "foo"],
         ["-o", str(blocker / "out")],  # the parent is a file
         ["-o", "/proc/specasr-cannot-be-made/out"],
+        # unbounded before (issue 54): runs for minutes, fails per file, or exits 1 after loading
+        ["--gamma", "1000"],
+        ["--gamma", "0"],
+        ["--temperature", "1e9"],
+        ["--seed", "-1"],
+        ["--seed", str(2**63)],
+        ["--seed", "99999999999999999999999"],
+        ["--draft", "self:0"],
+        ["--draft", "self:99"],  # base has 6 decoder layers
+        ["--model", "tiny.en", "--draft", "self:5"],  # tiny.en has 4
+        ["--model", str(tmp_path / "nonexistent")],
+        ["--model", "notamodel.bin"],
+        ["--model", str(blocker)],  # a file, not a model directory
     ]
 
 
@@ -302,7 +315,8 @@ def test_bad_options_exit_2_in_a_fresh_process(tmp_path):
     host) and never imports torch."""
     audio = str(_audio(tmp_path / "x.wav"))
     cases = [["--temperature", "inf"], ["--language", "xx"], ["--model", "tiny.en", "--task", "translate"]]
-    cases += [["--draft", "none"], ["-o", "/proc/specasr-cannot-be-made/out"]]
+    cases += [["--draft", "none"], ["-o", "/proc/specasr-cannot-be-made/out"], ["--gamma", "1000"]]
+    cases += [["--seed", "-1"], ["--draft", "self:99"], ["--model", "/nonexistent"], ["--model", "x.bin"]]
     code = (
         "import sys, time; from click.testing import CliRunner; from specasr.cli import main\n"
         f"for args in {cases!r}:\n"
@@ -492,3 +506,24 @@ def test_sigint_exits_130_real(librivox, tmp_path):
     assert child.returncode == 130, stderr
     assert "interrupted: files: " in stderr and "Traceback" not in stderr
     assert not [p for p in os.listdir(out) if p.endswith((".tmp", ".lock"))]
+
+
+@pytest.mark.slow  # tiny.en
+def test_a_file_whose_name_is_not_utf8_is_transcribed(librivox, tmp_path):
+    """A wav named with bytes that are not UTF-8 (kept by Python as surrogates) is read, and
+    its outputs are written, json included, and found again by --skip-existing."""
+    name = os.fsdecode(b"caf\xe9.wav")  # 'caf\udce9.wav'
+    audio = tmp_path / name
+    audio.write_bytes(Path(librivox[0].path).read_bytes())
+    out = tmp_path / "out"
+    args = ["--model", "tiny.en", "--format", "all", "-o", out]
+    result = _invoke(audio, *args)
+    assert result.exit_code == 0, result.output
+    stem = os.fsdecode(b"caf\xe9")
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        f"{stem}.{ext}" for ext in ("json", "srt", "tsv", "txt", "vtt")
+    )
+    doc = json.loads((out / f"{stem}.json").read_text(encoding="utf-8"))
+    assert doc["source"]["path"] == str(audio) and doc["text"].strip()
+    again = _invoke(audio, *args, "--skip-existing")
+    assert again.exit_code == 0 and "1 skipped" in again.stderr, again.output

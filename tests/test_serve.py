@@ -142,6 +142,8 @@ def test_a_server_without_a_draft_decodes_autoregressively_unless_asked_to_specu
         ([("response_format", "xml")], EN, 400, "response_format", "invalid_value"),
         ([("gamma", "0")], EN, 400, "gamma", "invalid_value"),
         ([("gamma", "two")], EN, 400, "gamma", "invalid_value"),
+        ([("gamma", "17")], EN, 400, "gamma", "invalid_value"),  # the CLI's bound, 16
+        ([("temperature", "1.5")], EN, 400, "temperature", "invalid_value"),  # OpenAI's 0–1
         ([("temperature", "nan")], EN, 400, "temperature", "invalid_value"),
         ([("draft_stop", "1")], EN, 400, "draft_stop", "invalid_value"),
         ([("vad", "maybe")], EN, 400, "vad", "invalid_value"),

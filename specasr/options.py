@@ -143,6 +143,10 @@ class TranscribeOptions:
     # time every word by cross-attention alignment (longform/words.py): one teacher-forced target
     # pass per window; segment bounds then come from the words, so trim_silence is not applied
     word_timestamps: bool = False
+    # a window whose samples never reach this peak (|x|, full scale 1) is digital silence and is
+    # skipped undecoded (Whisper hears " you" in zeros); None decodes every window. -60 dBFS: far
+    # below speech at any usual gain, above 16-bit dither (longform/windows.py, `quiet_frames`)
+    silence_peak: float | None = 10 ** (-60 / 20)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -163,6 +167,8 @@ class TranscribeOptions:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if not 0 <= self.cut_search <= 20:
             raise ValueError(f"cut_search must be within [0, 20] s of a 30 s window, got {self.cut_search}")
+        if self.silence_peak is not None and not 0 <= self.silence_peak < 1:
+            raise ValueError(f"silence_peak must be a level within [0, 1), got {self.silence_peak}")
         if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
             raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")
 

@@ -29,7 +29,7 @@ from specasr.longform.engine import Engine, LocalEngine
 from specasr.longform.sequential import sequential
 from specasr.longform.timing import trim_trailing_silence
 from specasr.longform.vad import detect_speech
-from specasr.longform.windows import encode_windows, window_mel
+from specasr.longform.windows import encode_windows, quiet_frames, window_mel
 from specasr.longform.words import in_order
 from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.results import DecodeResult, Segment, TranscriptionInfo
@@ -92,7 +92,8 @@ def transcribe(
     strategy = sequential
     if options.strategy == "chunked":
         strategy = partial(chunked, joins=speech.joins() if speech is not None else ())
-    segments = strategy(engine, mel, options, info, first)
+    quiet = quiet_frames(decoded, options.silence_peak)  # [content frames] digital silence
+    segments = strategy(engine, mel, options, info, first, quiet=quiet)
     if options.word_timestamps:  # segments end with their words: no energy trim
         segments = in_order(segments)
     elif options.trim_silence:

@@ -245,9 +245,11 @@ def test_a_prompt_that_fails_every_temperature_is_dropped(tiny_en_pair, long_aud
 
 def test_silence_is_skipped(tiny_en_pair):
     rng = np.random.default_rng(0)
-    hiss = (1e-4 * rng.standard_normal(35 * SR)).astype(np.float32)
-    segments, info = _run(tiny_en_pair, hiss, _opts())
+    hiss = (1e-4 * rng.standard_normal(35 * SR)).astype(np.float32)  # peaks near -68 dBFS
+    segments, info = _run(tiny_en_pair, hiss, _opts(silence_peak=None))  # Whisper's no-speech skip
     assert segments == [] and info.windows >= 1
+    segments, info = _run(tiny_en_pair, hiss, _opts())  # under the gate: not even decoded
+    assert segments == [] and info.windows == 0
 
 
 def test_language_detection_and_translate(base_pair, librivox, spy):
@@ -454,3 +456,33 @@ def test_the_library_detects_the_language_by_default(base_pair, tmp_path):
     said = "".join(s.text for s in segments).lower()
     assert (info.language, info.language_detected) == ("de", True)
     assert "guten morgen" in said and "wie geht es" in said
+
+
+@pytest.mark.slow  # tiny.en, 75 s twice per strategy
+@pytest.mark.parametrize("strategy", ["sequential", "chunked"])
+def test_the_silence_gate_drops_no_speech(tiny_en_pair, long_audio, strategy):
+    """The fixture's speech, its pauses included, decodes to the same segments with the
+    digital-silence gate on (the default) and off: no window of it is quiet enough."""
+    on = _run(tiny_en_pair, long_audio.samples, _opts(strategy=strategy))
+    off = _run(tiny_en_pair, long_audio.samples, _opts(strategy=strategy, silence_peak=None))
+    assert [(s.start, s.end, s.text) for s in on[0]] == [(s.start, s.end, s.text) for s in off[0]]
+    assert on[1].windows == off[1].windows > 0
+
+
+@pytest.mark.slow  # tiny.en
+@pytest.mark.parametrize("strategy", ["sequential", "chunked"])
+def test_digital_silence_gives_no_text(tiny_en_pair, librivox, strategy):
+    """Ten minutes of zeros give no segment and decode no window; speech after a silent minute
+    is heard at its time. Ungated, Whisper decodes the zeros (and hears words in them)."""
+    from specasr.audio import load_audio
+
+    zeros = np.zeros(600 * SR, np.float32)
+    segments, info = _run(tiny_en_pair, zeros, _opts(strategy=strategy))
+    assert segments == [] and info.windows == 0
+    ungated = _run(tiny_en_pair, zeros[: 60 * SR], _opts(strategy=strategy, silence_peak=None))
+    assert ungated[1].windows >= 2  # 60 s: two windows, or more spans when chunked
+    speech = load_audio(librivox[0].path)
+    after = np.concatenate([zeros[: 60 * SR], speech])
+    segments, info = _run(tiny_en_pair, after, _opts(strategy=strategy))
+    assert segments and segments[0].start >= 30.0  # the first window, all zeros, is not decoded
+    assert "dashwood" in " ".join(s.text for s in segments).lower()  # (the clip's own words)

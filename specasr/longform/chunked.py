@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -32,6 +33,7 @@ from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
     initial_prompt_tokens,
+    is_quiet,
     is_silence,
     split_window,
     window_mel,
@@ -119,11 +121,14 @@ def chunked(
     info: TranscriptionInfo,
     first: tuple[Tensor, Tensor | None] | None = None,
     joins: Sequence[int] = (),
+    quiet: np.ndarray | None = None,
 ) -> Iterator[Segment]:
     """mel: (n_mels, content frames + 3000) -> segments, one batch of lane windows at a time.
 
     first: the first window's encoder states, when they were computed for language detection;
-    joins: content frames where the speech chunks kept by voice activity detection meet.
+    joins: content frames where the speech chunks kept by voice activity detection meet;
+    quiet: per content frame, digital silence (`windows.quiet_frames`): a lane's window that is
+    all quiet is skipped undecoded.
     """
     pair = engine.pair
     tok = pair.tokenizer
@@ -134,38 +139,41 @@ def chunked(
     words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
     shown, n_segments = 0, 0  # lanes yielded so far, segments yielded so far
     while shown < len(lanes):
+        for lane in lanes[shown:]:
+            while not lane.done and is_quiet(quiet, lane.seek, min(N_FRAMES, lane.end - lane.seek)):
+                lane.seek += min(N_FRAMES, lane.end - lane.seek)
         todo = [lane for lane in lanes[shown:] if not lane.done][: options.batch_size]
-        seeks = [lane.seek for lane in todo]
-        sizes = [min(N_FRAMES, lane.end - lane.seek) for lane in todo]
-        reuse = first if seeks[0] == 0 and sizes[0] == min(N_FRAMES, content) else None
-        first = None  # the detection window is reused at most once
-        stats = DecodeStats()
-        states = _encode(engine, mel, seeks, sizes, stats, reuse)
-        results = decode_with_fallback(
-            engine, *states, options, info.language, prompt, options.decode.seed + info.windows, stats
-        )
-        info.stats = info.stats.merge(stats)
-        for row, (lane, size, result) in enumerate(zip(todo, sizes, results)):
-            window = info.windows + row
-            if is_silence(result, options):
-                lane.seek += size
-                continue
-            offset = lane.seek / FRAMES_PER_SECOND
-            pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
-            lane.seek += min(advance, size)
-            lane_end = min(info.duration, lane.end / FRAMES_PER_SECOND)  # beyond it the window is padding
-            current = window_segments(tok, result, pieces, offset, lane_end, window, stats)
-            if lane.said:
-                current = drop_repeat(current, lane.said, tok.eot, tok)
-            if words is not None and current:  # one teacher-forced pass over the window's final tokens
-                with engine.exclusive():
-                    words.add(
-                        window, states[0][row : row + 1], offset, size, [t for s in current for t in s.tokens]
-                    )
-                current = words.attach(current)
-            lane.segments += current
-            lane.said += [t for seg in current for t in seg.tokens if t < tok.eot]
-        info.windows += len(todo)
+        if todo:  # (none: every lane left ended in digital silence)
+            seeks = [lane.seek for lane in todo]
+            sizes = [min(N_FRAMES, lane.end - lane.seek) for lane in todo]
+            reuse = first if seeks[0] == 0 and sizes[0] == min(N_FRAMES, content) else None
+            first = None  # the detection window is reused at most once
+            stats = DecodeStats()
+            states = _encode(engine, mel, seeks, sizes, stats, reuse)
+            results = decode_with_fallback(
+                engine, *states, options, info.language, prompt, options.decode.seed + info.windows, stats
+            )
+            info.stats = info.stats.merge(stats)
+            for row, (lane, size, result) in enumerate(zip(todo, sizes, results)):
+                window = info.windows + row
+                if is_silence(result, options):
+                    lane.seek += size
+                    continue
+                offset = lane.seek / FRAMES_PER_SECOND
+                pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
+                lane.seek += min(advance, size)
+                lane_end = min(info.duration, lane.end / FRAMES_PER_SECOND)  # beyond it the window is padding
+                current = window_segments(tok, result, pieces, offset, lane_end, window, stats)
+                if lane.said:
+                    current = drop_repeat(current, lane.said, tok.eot, tok)
+                if words is not None and current:  # one teacher-forced pass over the window's final tokens
+                    spoken = [t for s in current for t in s.tokens]
+                    with engine.exclusive():
+                        words.add(window, states[0][row : row + 1], offset, size, spoken)
+                    current = words.attach(current)
+                lane.segments += current
+                lane.said += [t for seg in current for t in seg.tokens if t < tok.eot]
+            info.windows += len(todo)
         while shown < len(lanes) and lanes[shown].done:
             for seg in lanes[shown].segments:
                 yield replace(seg, id=n_segments)

@@ -12,7 +12,8 @@ Each window falls back through the temperature schedule while its output looks d
 temperature fails under the previous text as prompt, the window is decoded again without it
 (the prompt is what sent it into a loop: the same sentence heard again right after itself), and
 it does not prompt the next window; Whisper would keep the last, sampled at T = 1. A window that is
-probably silence (P(<|nospeech|>) > 0.6 with a low log-prob) is skipped. The encoder runs
+probably silence (P(<|nospeech|>) > 0.6 with a low log-prob) is skipped, and one of digital
+silence (no sample near speech level) is skipped before it is encoded. The encoder runs
 once per window; every fallback step reuses its states (`windows.py`).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+import numpy as np
 from torch import Tensor
 
 from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
@@ -28,6 +30,7 @@ from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
     initial_prompt_tokens,
+    is_quiet,
     is_silence,
     needs_fallback,
     split_window,
@@ -46,10 +49,13 @@ def sequential(
     options: TranscribeOptions,
     info: TranscriptionInfo,
     first: tuple[Tensor, Tensor | None] | None = None,
+    quiet: np.ndarray | None = None,
 ) -> Iterator[Segment]:
     """mel: (n_mels, content frames + 3000) -> segments, window by window.
 
-    first: the first window's encoder states, when they were computed for language detection.
+    first: the first window's encoder states, when they were computed for language detection;
+    quiet: per content frame, digital silence (`windows.quiet_frames`): a window that is all
+    quiet is skipped undecoded.
     """
     pair = engine.pair
     tok = pair.tokenizer
@@ -60,6 +66,9 @@ def sequential(
     words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
     while seek < content:
         size = min(N_FRAMES, content - seek)
+        if is_quiet(quiet, seek, size):
+            seek += size
+            continue
         offset = seek / FRAMES_PER_SECOND
         stats = DecodeStats()
         states = (

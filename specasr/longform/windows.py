@@ -1,16 +1,17 @@
 """Window decoding shared by both long-form strategies: prompts, the temperature fallback,
-the no-speech skip, windows of log-Mel frames, and cutting a window's tokens at timestamps
-into segments.
+the no-speech skip, the digital-silence gate, windows of log-Mel frames, and cutting a window's
+tokens at timestamps into segments.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from specasr.constants import FRAMES_PER_SECOND, N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SECONDS_PER_TIMESTAMP
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment
@@ -27,6 +28,22 @@ def needs_fallback(result: DecodeResult, options: TranscribeOptions) -> bool:
     bad = (cr is not None and result.compression_ratio > cr) or (lp is not None and result.avg_logprob < lp)
     silence = ns is not None and result.no_speech_prob > ns and lp is not None and result.avg_logprob < lp
     return bad and not silence
+
+
+def quiet_frames(samples: np.ndarray, peak: float | None) -> np.ndarray | None:
+    """samples [n] (float32, 16 kHz) -> per log-Mel frame whether its hop of samples stays
+    below `peak` [ceil(n / HOP_LENGTH)] (bool), or None when `peak` is None (no gate)."""
+    if peak is None:
+        return None
+    n = -(-len(samples) // HOP_LENGTH) * HOP_LENGTH
+    hops = np.zeros(n, np.float32)
+    hops[: len(samples)] = np.abs(samples)
+    return hops.reshape(-1, HOP_LENGTH).max(axis=1) < peak
+
+
+def is_quiet(quiet: np.ndarray | None, seek: int, size: int) -> bool:
+    """Whether the window of `size` frames from `seek` is digital silence (`quiet_frames`)."""
+    return quiet is not None and bool(quiet[seek : seek + size].all())
 
 
 def is_silence(result: DecodeResult, options: TranscribeOptions) -> bool:

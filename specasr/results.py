@@ -152,15 +152,26 @@ class TranscriptionInfo:
     draft: str | None  # draft name
     stats: DecodeStats = field(default_factory=DecodeStats)  # summed over windows decoded so far
     windows: int = 0  # windows decoded so far; both fill in as the segments are consumed
+    # detected: the language's probability on the first window, and every language's, most
+    # likely first (faster-whisper's names); None when the language was given
+    language_probability: float | None = None
+    all_language_probs: list[tuple[str, float]] | None = None
+    duration_after_vad: float | None = None  # seconds decoded after voice activity detection
 
     def to_dict(self) -> dict:
         return {
             "language": self.language,
             "language_detected": self.language_detected,
+            "language_probability": _rounded(self.language_probability, 4),
             "duration": round(self.duration, 3),
+            "duration_after_vad": _rounded(self.duration_after_vad, 3),
             "strategy": self.options.strategy,
             "mode": self.options.decode.mode,
             "model": self.model,
             "draft": self.draft,
             "windows": self.windows,
         }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

@@ -79,6 +79,7 @@ def transcribe(
         options=options,
         model=pair.target_name,
         draft=pair.draft_name if dec.speculative else None,
+        duration_after_vad=None if speech is None else len(decoded) / SAMPLE_RATE,
     )
     if decoded.size == 0:
         return iter(()), info
@@ -87,7 +88,9 @@ def transcribe(
     if info.language is None:
         content = mel.shape[-1] - N_FRAMES
         first = encode_windows(engine, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
-        info.language = engine.detect(first[0])[0]
+        probs = engine.detect(first[0])[0]  # language -> probability
+        info.all_language_probs = sorted(probs.items(), key=lambda kv: -kv[1])
+        info.language, info.language_probability = info.all_language_probs[0]
         info.language_detected = True
     strategy = sequential
     if options.strategy == "chunked":

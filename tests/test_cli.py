@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -63,8 +65,13 @@ def test_the_language_is_detected_unless_given(tmp_path):
         result = CliRunner().invoke(main, ["transcribe", str(wav), "--format", "json", *given])
         assert result.exit_code == 0, result.output
         seen[bool(given)] = json.loads(result.stdout)
+        told = [line for line in result.stderr.splitlines() if "detected language" in line]
+        pattern = r"de\.wav: detected language de \(probability (0\.\d\d|1\.00)\)"
+        assert len(told) == (0 if given else 1) and all(re.fullmatch(pattern, t) for t in told), told
     auto, forced = seen[False], seen[True]
     assert (auto["info"]["language"], auto["info"]["language_detected"]) == ("de", True)
+    assert 0.5 < auto["info"]["language_probability"] <= 1
+    assert forced["info"]["language_probability"] is None
     assert (forced["info"]["language"], forced["info"]["language_detected"]) == ("en", False)
     assert wer(["guten morgen wie geht es ihnen heute"], [" ".join(auto["text"].split()[:7])]) <= 0.3
     assert wer([text], [auto["text"]]) < wer([text], [forced["text"]])

@@ -456,6 +456,11 @@ def test_the_library_detects_the_language_by_default(base_pair, tmp_path):
     said = "".join(s.text for s in segments).lower()
     assert (info.language, info.language_detected) == ("de", True)
     assert "guten morgen" in said and "wie geht es" in said
+    # faster-whisper's fields: the language's probability, every language's (most likely first)
+    assert info.all_language_probs[0] == ("de", info.language_probability)
+    assert info.language_probability > 0.5
+    assert len(info.all_language_probs) > 90 and abs(sum(p for _, p in info.all_language_probs) - 1) < 1e-4
+    assert info.duration_after_vad is None  # no VAD asked for
 
 
 @pytest.mark.slow  # tiny.en, 75 s twice per strategy

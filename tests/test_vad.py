@@ -158,6 +158,9 @@ def test_vad_wer_is_within_a_point_of_sequential(tiny_en_pair, long_audio):
         ]
         assert all(p.end <= s.start + 1e-6 for p, s in zip(segments, segments[1:]))
         assert info.duration == plain_info.duration
+        speech_s = sum(b - a for a, b in long_audio.clips)  # the clips; VAD keeps pads around them
+        assert speech_s - 1 < info.duration_after_vad < info.duration
+        assert plain_info.duration_after_vad is None
     print("tiny.en long-form WER:", {k: f"{v:.3%}" for k, v in scores.items()})
     assert scores["sequential + vad"] <= scores["sequential"] + 0.01
     assert scores["chunked + vad"] <= scores["sequential"] + 0.01

@@ -218,6 +218,9 @@ class Batch:
         from specasr.transcription import transcribe
 
         segments, info = transcribe(path, self.pair, self.options)
+        if info.language_detected:  # (detection ran on the first window, before any segment)
+            said = f"detected language {info.language} (probability {info.language_probability:.2f})"
+            click.echo(f"{Path(path).name}: {said}", err=True)
         done = []
         with tqdm(
             total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False, disable=self.quiet

@@ -80,15 +80,22 @@ def task_language(pair, options, target_states: Tensor) -> str:
     return languages.pop()
 
 
-@torch.inference_mode()
 def detect_language(pair, target_states: Tensor) -> list[str]:
     """Most likely language per row, from the target's logits after <|startoftranscript|>."""
+    return [max(probs, key=probs.get) for probs in language_probs(pair, target_states)]
+
+
+@torch.inference_mode()
+def language_probs(pair, target_states: Tensor) -> list[dict[str, float]]:
+    """Per row, each language's probability (Whisper's: the softmax of the target's logits
+    after <|startoftranscript|> over the language tokens alone); {"en": 1.0} per row for an
+    English-only model."""
     tok = pair.tokenizer
     if not tok.multilingual:
-        return ["en"] * target_states.shape[0]
+        return [{"en": 1.0} for _ in range(target_states.shape[0])]
     runner = make_runner(pair.target, target_states)
     sot = torch.full((target_states.shape[0], 1), tok.sot, device=target_states.device)
     logits = runner(sot, 1)[:, -1].float()  # [B, V]
     codes, ids = zip(*tok.language_tokens.items())
-    best = logits[:, list(ids)].argmax(dim=-1).tolist()
-    return [codes[i] for i in best]
+    probs = logits[:, list(ids)].softmax(dim=-1).tolist()  # [B, languages]
+    return [dict(zip(codes, row)) for row in probs]

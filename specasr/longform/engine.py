@@ -32,7 +32,7 @@ from torch import Tensor
 
 from specasr.decode.loop import decode_states
 from specasr.decode.runners import join_cross
-from specasr.decode.task import detect_language
+from specasr.decode.task import language_probs
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
 from specasr.stats import DecodeStats, timed
@@ -56,8 +56,9 @@ class Engine(Protocol):
     ) -> list[DecodeResult]:
         """One decode pass of B windows from their encoder states (`decode_states`)."""
 
-    def detect(self, target_states: Tensor) -> list[str]:
-        """The language of each window from its target encoder states [B, 1500, d]."""
+    def detect(self, target_states: Tensor) -> list[dict[str, float]]:
+        """Each window's language probabilities (`decode.task.language_probs`) from its target
+        encoder states [B, 1500, d]."""
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         """Held around any other model pass the caller runs itself."""
@@ -76,8 +77,8 @@ class LocalEngine:
     def decode(self, target_states, draft_states, options, prompt, stats) -> list[DecodeResult]:
         return decode_states(self.pair, target_states, draft_states, options, prompt, stats)
 
-    def detect(self, target_states: Tensor) -> list[str]:
-        return detect_language(self.pair, target_states)
+    def detect(self, target_states: Tensor) -> list[dict[str, float]]:
+        return language_probs(self.pair, target_states)
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -146,7 +147,7 @@ class SharedEngine:
     def encode(self, windows: Tensor, stats: DecodeStats) -> tuple[Tensor, Tensor | None]:
         return self._submit(_Job(run=lambda: self.local.encode(windows, stats)))
 
-    def detect(self, target_states: Tensor) -> list[str]:
+    def detect(self, target_states: Tensor) -> list[dict[str, float]]:
         # a job of its own, like an encode: a transcription's decode follows its detection
         # within one round of the engine, so the decodes of transcriptions that arrived
         # together are ready together and share a batch

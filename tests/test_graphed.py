@@ -14,7 +14,7 @@ from toy import TOY_FRAMES, toy_pair
 from specasr.decode import graphed
 from specasr.decode.gamma import AdaptiveGamma, FixedGamma
 from specasr.decode.graphed import GraphedGreedy, decode_graphed
-from specasr.decode.loop import decode
+from specasr.decode.loop import decode, decode_states
 from specasr.decode.task import Task
 from specasr.options import DecodeOptions
 from specasr.runtime.runner import LeanDecoder
@@ -209,6 +209,17 @@ def test_a_later_decode_reuses_the_workspace(tiny):
     assert loop.run(*tiny.encode(_mels(3)))[0] == first
     a = decode_graphed(tiny, *tiny.encode(_mels(3)), AR, 3)
     assert decode_graphed(tiny, *tiny.encode(_mels(3)), AR, 3)[1] is a[1]  # decode_graphed keeps its loop
+
+
+def test_refilling_a_kept_loop_leaves_each_windows_projection_alone(tiny):
+    """The kept runners' cross K/V are their own: refilling them with window b's leaves the
+    projection window a's decodes share (`make_runner`) as it was."""
+    task = Task.build(tiny, AR, "en", None)
+    loop = GraphedGreedy(tiny, AR, task, gamma=3)
+    a, b = tiny.encode(_mels(1)), tiny.encode(_mels(1, seed=1))
+    first, _ = loop.run(*a)
+    assert loop.run(*b)[0] != first  # b's cross K/V are now in the kept runners
+    assert [r.tokens for r in decode_states(tiny, *a, AR)] == first
 
 
 def test_every_window_of_a_recording_shares_one_kept_loop(tiny, monkeypatch):

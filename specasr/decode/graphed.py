@@ -237,9 +237,12 @@ class GraphedGreedy:
         logits = fixed_pass(draft, tokens, pos, reduced=True)[:, -1]  # [B, N]
         return self._columns[_argmax(self._filtered(logits, context, ctx, reduced=True))]
 
-    def _runners(self, target_states: Tensor, draft_states: Tensor | None):
-        target = make_runner(self.pair.target, target_states)
-        draft = make_runner(self.pair.draft, draft_states, target) if self.gammas != [0] else None
+    def _runners(self, target_states: Tensor, draft_states: Tensor | None, kept: bool = False):
+        """kept: a workspace's runners, whose cross K/V `Workspace.refill` overwrites, so their own."""
+        target = make_runner(self.pair.target, target_states, private=kept)
+        draft = None
+        if self.gammas != [0]:
+            draft = make_runner(self.pair.draft, draft_states, target, private=kept)
         return target, draft
 
     def _prefill(
@@ -284,7 +287,7 @@ class GraphedGreedy:
         ws = self.workspaces.get(key)
         fresh = None
         if ws is None:
-            fresh = self._runners(target_states, draft_states)
+            fresh = self._runners(target_states, draft_states, kept=True)
             steps = Steps(
                 torch.empty(B, N_TEXT_CTX, dtype=torch.long, device=dev),
                 torch.zeros(B, dtype=torch.long, device=dev),

@@ -59,15 +59,21 @@ class BringsRunner(Protocol):
     def runner(self, states: Tensor, target_cross: list | None = None) -> Runner: ...
 
 
-def make_runner(model, encoder_states: Tensor, target: Runner | None = None) -> Runner:
+def make_runner(
+    model, encoder_states: Tensor, target: Runner | None = None, *, private: bool = False
+) -> Runner:
     """The runner for a model: a distilled draft brings its own; a Whisper model in fp32 on
     CPU runs through its `LeanDecoder` view (same function, faster products); anything else
     runs its own decoder layers. target: the target's runner, whose cross K/V a distilled
-    draft on the same states may reuse."""
+    draft on the same states may reuse. private: the runner's cross K/V are its own to write
+    (the device loop refills its kept runners' in place), neither read from nor held for the
+    other runners on these states."""
     if isinstance(model, BringsRunner):
         shared = isinstance(target, LeanRunner) and target.states is encoder_states
         return model.runner(encoder_states, target.plain_cross() if shared else None)
     decoder = _decoder(model)
+    if private:
+        return LeanRunner(decoder, encoder_states)
     held = _held(encoder_states, decoder)
     if held is not None:
         if held.mine:  # handed over once (`join_cross`)

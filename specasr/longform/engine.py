@@ -233,8 +233,9 @@ class SharedEngine:
         first = jobs[0]
         if len(jobs) == 1:
             return [self.local.decode(*first.states, first.options, first.prompt, first.stats)]
-        target = torch.cat([j.states[0] for j in jobs])  # [sum of rows, 1500, d_target]
-        join_cross(self.pair.target, [j.states[0] for j in jobs], target)  # projected by their detection
+        parts = [j.states[0] for j in jobs]
+        target = torch.cat(parts)  # [sum of rows, 1500, d_target]
+        join_cross(self.pair.target, parts, target)  # projected by their detection
         no_draft, shared = first.key[2], first.key[3]
         draft = None if no_draft else target if shared else torch.cat([j.states[1] for j in jobs])
         stats = DecodeStats()

@@ -35,10 +35,13 @@ def quiet_frames(samples: np.ndarray, peak: float | None) -> np.ndarray | None:
     below `peak` [ceil(n / HOP_LENGTH)] (bool), or None when `peak` is None (no gate)."""
     if peak is None:
         return None
-    n = -(-len(samples) // HOP_LENGTH) * HOP_LENGTH
-    hops = np.zeros(n, np.float32)
-    hops[: len(samples)] = np.abs(samples)
-    return hops.reshape(-1, HOP_LENGTH).max(axis=1) < peak
+    whole = len(samples) // HOP_LENGTH * HOP_LENGTH
+    hops = samples[:whole].reshape(-1, HOP_LENGTH)  # [whole hops, 160], a view: no copy of the audio
+    loud = np.maximum(hops.max(axis=1), -hops.min(axis=1))  # each hop's peak |x|
+    if whole < len(samples):  # the last, partial hop
+        tail = samples[whole:]
+        loud = np.append(loud, max(tail.max(), -tail.min()))
+    return loud < peak
 
 
 def is_quiet(quiet: np.ndarray | None, seek: int, size: int) -> bool:

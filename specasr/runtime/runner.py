@@ -430,7 +430,7 @@ class LeanRunner:
         n = len(rows)
         self.k = [k[:n] for k in self.k]
         self.v = [v[:n] for v in self.v]
-        index = torch.tensor(rows, device=self.k[0].device)
+        index = torch.tensor(rows, device=self.k[0].device) if COPY in self._cross_rows else None
         self.cross = [
             (k[index], v[index]) if how == COPY else (k[:n], v[:n])
             for (k, v), how in zip(self.cross, self._cross_rows)

@@ -363,7 +363,7 @@ def transcribe_table(pair, files: list[Path], repeats: int) -> str:
         for k, opts in configs.items():
             _sync(dev)
             t = time.perf_counter()
-            texts[k] = [transcribe_clip(pair, a, opts, source_rate=16000).text for a in audio]
+            texts[k] = [transcribe_clip(a, pair, opts, source_rate=16000).text for a in audio]
             _sync(dev)
             times[k].append(time.perf_counter() - t)
     first = next(iter(configs))

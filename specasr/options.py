@@ -7,6 +7,7 @@ is copied into a second signature.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 from specasr.constants import BACKENDS, MODES
@@ -49,6 +50,12 @@ class DecodeOptions:
     seed: int = 0  # seeds the torch.Generator behind every random draw
     suppress_blank: bool = True  # suppress " " and <|endoftext|> as the first sampled token
     suppress_tokens: bool = True  # suppress the model's non-speech tokens (generation config)
+    suppress_ids: tuple[int, ...] = ()  # more token ids never to emit, besides (or without) those
+    # the first timestamp is at most this many seconds in (Whisper's rule; None: anywhere)
+    max_initial_timestamp: float | None = 1.0
+    # text every row is forced to begin with (after <|0.00|> with timestamps), decoded on from
+    # there; its tokens are part of the result. Long-form decoding forces it on the first window
+    prefix: str | None = None
     backend: str = "auto"  # verifier backend: auto | triton | torch
     timing: bool = False  # time the loop's phases into DecodeStats (CUDA: events); off costs nothing
     # CUDA, T = 0: decode in the device loop (`decode.graphed`: one CUDA graph per step, one
@@ -74,6 +81,11 @@ class DecodeOptions:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be transcribe or translate, got {self.task!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.suppress_ids):
+            raise ValueError(f"suppress_ids must be token ids >= 0, got {self.suppress_ids}")
+        mit = self.max_initial_timestamp
+        if mit is not None and not (math.isfinite(mit) and 0 <= mit <= 30):
+            raise ValueError(f"max_initial_timestamp must be within [0, 30] s or None, got {mit}")
         lo, hi = self.sigmoid_scale
         if not lo < hi:
             raise ValueError(f"sigmoid_scale needs α < β, got {self.sigmoid_scale}")
@@ -92,6 +104,9 @@ class VadOptions:
     min_speech: float = 0.25  # seconds: shorter speech chunks are dropped
     min_silence: float = 1.0  # seconds below neg_threshold that end a speech chunk
     speech_pad: float = 0.4  # seconds of audio kept before and after each speech chunk
+    # seconds, padding included: a longer speech chunk is split at its last pause (of >= 98 ms), or
+    # hard without one (Silero's and faster-whisper's max_speech_duration_s); inf = never split
+    max_speech_duration_s: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 1:
@@ -102,6 +117,12 @@ class VadOptions:
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and seconds >= 0):
                 raise ValueError(f"vad {name} must be a finite number of seconds >= 0, got {seconds}")
+        # a chunk of one 32 ms VAD probability, padded on both sides, must fit
+        if not self.max_speech_duration_s > 2 * self.speech_pad + 0.032:
+            raise ValueError(
+                f"vad max_speech_duration_s must exceed 2 * speech_pad + 0.032 s (a padded 32 ms chunk "
+                f"of speech), got {self.max_speech_duration_s}"
+            )
 
     @property
     def end_threshold(self) -> float:
@@ -136,13 +157,34 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True  # prompt each window with the text so far (sequential)
     prompt_reset_temperature: float = 0.5  # a window decoded above this T does not prompt the next
     initial_prompt: str | None = None  # text prompting the first window (every window when chunked)
+    # words prompting every window, before the previous text (names, terms to spell as given);
+    # not on a window that decode.prefix forces. decode.prefix forces the first window only
+    hotwords: str | None = None
+    # detection (decode.language None): a window whose likeliest language is below this
+    # probability lets the next window vote too, up to `language_detection_segments` windows
+    # (faster-whisper's rule); then the language most windows chose, the likeliest on a tie
+    language_detection_threshold: float = 0.5
+    language_detection_segments: int = 1
     batch_size: int = 8  # windows per batched decode (chunked)
     cut_search: float = 10.0  # chunked: a span ends at the quietest point of its last cut_search s
     trim_silence: bool = True  # move each segment end back to its last voiced frame (timing.py)
     vad: VadOptions | None = None  # decode only the speech Silero VAD finds (longform/vad.py); None = all
+    # decode only these spans, seconds (start1, end1, start2, end2, ...; an odd count's last runs
+    # to the end: openai-whisper's clip_timestamps); None or () = all. They are joined and decoded
+    # as one audio, every time mapped back to the recording (longform/spans.py); with vad, speech
+    # is searched inside the clips only
+    clip_timestamps: tuple[float, ...] | None = None
     # time every word by cross-attention alignment (longform/words.py): one teacher-forced target
     # pass per window; segment bounds then come from the words, so trim_silence is not applied
     word_timestamps: bool = False
+    # with word timestamps: punctuation that joins the word after it ("(" + "word"), and the word
+    # before it ("word" + ","); a word whose text (stripped) is found in the string joins, as in
+    # openai-whisper, whose defaults these are. "" keeps every such mark a word of its own
+    prepend_punctuations: str = "\"'“¿([{-"
+    append_punctuations: str = "\"'.。,，!！?？:：”)]}、"
+    # with word timestamps (sequential): seconds of silence around a likely hallucinated segment
+    # (longform/hallucination.py) that skip it, and the silence before it; None skips nothing
+    hallucination_silence_threshold: float | None = None
     # a window whose samples never reach this peak (|x|, full scale 1) is digital silence and is
     # skipped undecoded (Whisper hears " you" in zeros); None decodes every window. -60 dBFS: far
     # below speech at any usual gain, above 16-bit dither (longform/windows.py, `quiet_frames`)
@@ -169,8 +211,45 @@ class TranscribeOptions:
             raise ValueError(f"cut_search must be within [0, 20] s of a 30 s window, got {self.cut_search}")
         if self.silence_peak is not None and not 0 <= self.silence_peak < 1:
             raise ValueError(f"silence_peak must be a level within [0, 1), got {self.silence_peak}")
+        for name in ("prepend_punctuations", "append_punctuations"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string of punctuation marks, got {getattr(self, name)!r}")
+        hst = self.hallucination_silence_threshold
+        if hst is not None:
+            if not (isinstance(hst, numbers.Real) and math.isfinite(hst) and hst > 0):
+                raise ValueError(f"hallucination_silence_threshold must be seconds > 0 or None, got {hst}")
+            if not self.word_timestamps:
+                raise ValueError("hallucination_silence_threshold needs word_timestamps (word times)")
+            if self.strategy != "sequential":
+                raise ValueError(
+                    "hallucination_silence_threshold needs the sequential strategy: it moves the seek "
+                    "of Whisper's loop, which a chunked span does not re-decode from"
+                )
+        if not 0 <= self.language_detection_threshold <= 1:
+            raise ValueError(
+                f"language_detection_threshold must be a probability, got {self.language_detection_threshold}"
+            )
+        if self.language_detection_segments < 1:
+            raise ValueError(
+                f"language_detection_segments must be >= 1, got {self.language_detection_segments}"
+            )
+        if self.decode.prefix and self.strategy != "sequential":
+            raise ValueError(
+                "a prefix forces the first window's first words: use the sequential strategy "
+                "(a chunked batch's rows share one start sequence)"
+            )
         if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
             raise ValueError(f"no_speech_threshold must be a probability, got {self.no_speech_threshold}")
+        clips = self.clip_timestamps
+        if clips is not None and not isinstance(clips, tuple):
+            raise ValueError(f"clip_timestamps must be a tuple of seconds or None, got {clips!r}")
+        if clips and not all(isinstance(t, numbers.Real) and math.isfinite(t) and t >= 0 for t in clips):
+            raise ValueError(f"clip_timestamps must be finite seconds >= 0, got {clips}")
+        if clips and (list(clips) != sorted(clips) or any(b <= a for a, b in zip(clips[::2], clips[1::2]))):
+            raise ValueError(
+                f"clip_timestamps must be ascending (start1, end1, start2, ...) with each clip ending "
+                f"after it starts and no two overlapping, got {clips}"
+            )
 
     def with_decode(self, **changes) -> TranscribeOptions:
         """These options with `decode` fields replaced: o.with_decode(mode="autoregressive").
@@ -185,6 +264,64 @@ class TranscribeOptions:
         ):
             temperatures = fallback_schedule(decode.temperature)
         return replace(self, decode=decode, temperatures=temperatures)
+
+
+def parse_clip_timestamps(text: str) -> tuple[float, ...]:
+    """openai-whisper's `--clip_timestamps` "start,end,start,end,…" in seconds (an odd count:
+    the last clip runs to the end; "" or "0": the whole audio) -> the tuple of seconds.
+    ValueError names a bad value; TranscribeOptions checks the order."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        seconds = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"clip_timestamps takes comma-separated seconds, got {text!r}") from None
+    if not all(math.isfinite(t) for t in seconds):
+        raise ValueError(f"clip_timestamps must be finite seconds, got {text!r}")
+    return () if seconds == (0.0,) else seconds
+
+
+def parse_suppress_tokens(text: str) -> tuple[bool, tuple[int, ...]]:
+    """openai-whisper's `--suppress_tokens`: comma-separated token ids, -1 standing for the
+    model's non-speech set -> (`DecodeOptions.suppress_tokens`, `suppress_ids`). "-1" is the
+    default; "" suppresses nothing. ValueError names a bad value."""
+    try:
+        ids = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(
+            f"suppress_tokens takes comma-separated token ids (-1: the model's set), got {text!r}"
+        ) from None
+    if any(i < -1 for i in ids):
+        raise ValueError(f"suppress_tokens takes token ids >= 0, or -1 for the model's set, got {text!r}")
+    return -1 in ids, tuple(dict.fromkeys(i for i in ids if i >= 0))
+
+
+# Whisper's decoding options by the front ends' names (`front_end_options`' keywords beyond the
+# common ones): the CLI's options and the server's form fields of the same names; None where a
+# threshold is off
+WHISPER_DEFAULTS = {
+    "initial_prompt": None,
+    "prefix": None,
+    "hotwords": None,
+    "condition_on_previous_text": True,
+    "compression_ratio_threshold": 2.4,
+    "logprob_threshold": -1.0,
+    "no_speech_threshold": 0.6,
+    "max_initial_timestamp": 1.0,
+    "suppress_tokens": "-1",
+    "clip_timestamps": "0",
+    "hallucination_silence_threshold": None,
+    "prepend_punctuations": "\"'“¿([{-",
+    "append_punctuations": "\"'.。,，!！?？:：”)]}、",
+    "language_detection_threshold": 0.5,
+    "language_detection_segments": 1,
+    "vad_max_speech": math.inf,
+}
+OFF_WITH_NONE = (
+    "compression_ratio_threshold",
+    "logprob_threshold",
+    "no_speech_threshold",
+    "max_initial_timestamp",
+)
 
 
 def front_end_options(
@@ -205,12 +342,22 @@ def front_end_options(
     vad_min_silence: float = VadOptions.min_silence,
     batch_size: int = TranscribeOptions.batch_size,
     word_timestamps: bool = False,
-    initial_prompt: str | None = None,
+    **whisper,
 ) -> TranscribeOptions:
     """The options a front end's values stand for (`specasr transcribe`, `specasr serve`), by
     the CLI's names: both build them here, so one file gives one transcript through either.
-    `language` is a code or DETECT_LANGUAGE; `temperature` starts the fallback schedule.
-    ValueError names a bad value."""
+    `language` is a code or DETECT_LANGUAGE; `temperature` starts the fallback schedule;
+    `whisper` takes WHISPER_DEFAULTS' names (clip and suppress lists as openai-whisper's
+    strings). ValueError names a bad value."""
+    unknown = sorted(set(whisper) - set(WHISPER_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(unknown)}")
+    # None turns a threshold off (as in TranscribeOptions); elsewhere it means the default
+    w = {
+        k: whisper.get(k, v) if whisper.get(k) is not None or k in OFF_WITH_NONE else v
+        for k, v in WHISPER_DEFAULTS.items()
+    }
+    suppress, suppress_ids = parse_suppress_tokens(w["suppress_tokens"])
     base = TranscribeOptions()
     decode = replace(
         base.decode,
@@ -224,14 +371,34 @@ def front_end_options(
         seed=seed,
         timing=timing,
         timestamps=not without_timestamps,
+        prefix=w["prefix"] or None,
+        max_initial_timestamp=w["max_initial_timestamp"],
+        suppress_tokens=suppress,
+        suppress_ids=suppress_ids,
     )
+    vad_options = None
+    if vad:
+        vad_options = VadOptions(
+            threshold=vad_threshold, min_silence=vad_min_silence, max_speech_duration_s=w["vad_max_speech"]
+        )
     return replace(
         base,
         decode=decode,
         strategy=strategy,
-        vad=VadOptions(threshold=vad_threshold, min_silence=vad_min_silence) if vad else None,
+        vad=vad_options,
         batch_size=batch_size,
         temperatures=fallback_schedule(temperature),
         word_timestamps=word_timestamps,
-        initial_prompt=initial_prompt or None,
+        initial_prompt=w["initial_prompt"] or None,
+        hotwords=w["hotwords"] or None,
+        condition_on_previous_text=bool(w["condition_on_previous_text"]),
+        compression_ratio_threshold=w["compression_ratio_threshold"],
+        logprob_threshold=w["logprob_threshold"],
+        no_speech_threshold=w["no_speech_threshold"],
+        clip_timestamps=parse_clip_timestamps(w["clip_timestamps"]) or None,
+        hallucination_silence_threshold=w["hallucination_silence_threshold"],
+        prepend_punctuations=w["prepend_punctuations"],
+        append_punctuations=w["append_punctuations"],
+        language_detection_threshold=w["language_detection_threshold"],
+        language_detection_segments=w["language_detection_segments"],
     )

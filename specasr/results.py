@@ -29,7 +29,8 @@ class DecodeResult:
     temperature: float
     language: str | None
     stats: DecodeStats = field(repr=False)  # shared by every row of one batch
-    # per token of `tokens`: "draft" (accepted), "corrected", "bonus" or "target" (decode.step)
+    # per token of `tokens`: "draft" (accepted), "corrected", "bonus" or "target" (decode.step),
+    # or "prefix" (forced by DecodeOptions.prefix)
     token_kinds: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -156,7 +157,8 @@ class TranscriptionInfo:
     # likely first (faster-whisper's names); None when the language was given
     language_probability: float | None = None
     all_language_probs: list[tuple[str, float]] | None = None
-    duration_after_vad: float | None = None  # seconds decoded after voice activity detection
+    # seconds decoded: the speech VAD kept and/or the clip timestamps' spans; None: all of it
+    duration_after_vad: float | None = None
 
     def to_dict(self) -> dict:
         return {

@@ -1,7 +1,8 @@
 """From audio to text.
 
 `transcribe` handles audio of any length and streams `Segment`s; `transcribe_clip` decodes
-one clip of up to 30 s into a single `DecodeResult`.
+one clip of up to 30 s into a single `DecodeResult`; `detect_language` runs `transcribe`'s
+language detection alone. Each takes the audio first, then the pair.
 
 Strategies (TranscribeOptions.strategy):
 - `sequential` (longform/sequential.py): Whisper's seek loop, one window at a time, each window
@@ -12,12 +13,17 @@ Strategies (TranscribeOptions.strategy):
 With `TranscribeOptions.vad`, Silero VAD (longform/vad.py) keeps only the speech: its chunks are
 joined and decoded (chunked: packed into spans cut where chunks meet), and every time is mapped
 back to the recording. Audio without speech gives no segments and decodes nothing.
+`TranscribeOptions.clip_timestamps` keeps only the clips given, the same way (longform/spans.py;
+with VAD, the speech inside them).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from functools import partial
+
+from torch import Tensor
 
 from specasr.audio import AudioSource, load_audio
 from specasr.backends.cpu import heap
@@ -27,14 +33,23 @@ from specasr.features import log_mel, log_mel_window
 from specasr.longform.chunked import chunked
 from specasr.longform.engine import Engine, LocalEngine
 from specasr.longform.sequential import sequential
+from specasr.longform.spans import SpanMap, clip_spans
 from specasr.longform.timing import trim_trailing_silence
 from specasr.longform.vad import detect_speech
 from specasr.longform.windows import encode_windows, quiet_frames, window_mel
 from specasr.longform.words import in_order
 from specasr.options import DecodeOptions, TranscribeOptions
 from specasr.results import DecodeResult, Segment, TranscriptionInfo
+from specasr.stats import DecodeStats
 
-__all__ = ["AudioTooLongError", "Segment", "TranscriptionInfo", "transcribe", "transcribe_clip"]
+__all__ = [
+    "AudioTooLongError",
+    "Segment",
+    "TranscriptionInfo",
+    "detect_language",
+    "transcribe",
+    "transcribe_clip",
+]
 
 
 class AudioTooLongError(ValueError):
@@ -70,8 +85,8 @@ def transcribe(
     if tok.multilingual and dec.language is not None and dec.language not in tok.language_tokens:
         raise ValueError(f"unknown language {dec.language!r}; known: {sorted(tok.language_tokens)}")
     samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
-    speech = None if options.vad is None else detect_speech(samples, options.vad)
-    decoded = samples if speech is None else speech.collect(samples)  # [n'] the audio decoded
+    spans = _decoded_spans(samples, options)  # None: the whole recording
+    decoded = samples if spans is None else spans.collect(samples)  # [n'] the audio decoded
     info = TranscriptionInfo(
         language=dec.language if tok.multilingual else "en",
         language_detected=False,
@@ -79,31 +94,82 @@ def transcribe(
         options=options,
         model=pair.target_name,
         draft=pair.draft_name if dec.speculative else None,
-        duration_after_vad=None if speech is None else len(decoded) / SAMPLE_RATE,
+        duration_after_vad=None if spans is None else len(decoded) / SAMPLE_RATE,
     )
     if decoded.size == 0:
         return iter(()), info
     mel = log_mel(decoded, pair.n_mels, padding=N_SAMPLES)[0]  # [n_mels, content frames + 3000]
     first = None
     if info.language is None:
-        content = mel.shape[-1] - N_FRAMES
-        first = encode_windows(engine, window_mel(mel, 0, min(N_FRAMES, content)), info.stats)
-        probs = engine.detect(first[0])[0]  # language -> probability
-        info.all_language_probs = sorted(probs.items(), key=lambda kv: -kv[1])
+        first, info.all_language_probs = _first_window_languages(
+            engine, mel, info.stats, options.language_detection_threshold, options.language_detection_segments
+        )
         info.language, info.language_probability = info.all_language_probs[0]
         info.language_detected = True
     strategy = sequential
     if options.strategy == "chunked":
-        strategy = partial(chunked, joins=speech.joins() if speech is not None else ())
+        strategy = partial(chunked, joins=spans.joins() if spans is not None else ())
     quiet = quiet_frames(decoded, options.silence_peak)  # [content frames] digital silence
     segments = strategy(engine, mel, options, info, first, quiet=quiet)
     if options.word_timestamps:  # segments end with their words: no energy trim
         segments = in_order(segments)
     elif options.trim_silence:
         segments = trim_trailing_silence(segments, mel)
-    if speech is not None:  # times on the joined speech -> times on the recording
-        segments = speech.restore(segments)
+    if spans is not None:  # times on the joined spans -> times on the recording
+        segments = spans.restore(segments)
     return _in_workspace(segments), info
+
+
+def _first_window_languages(
+    engine: Engine, mel: Tensor, stats: DecodeStats, threshold: float = 0.5, windows: int = 1
+) -> tuple[tuple[Tensor, Tensor | None], list[tuple[str, float]]]:
+    """Whisper's language detection: mel [n_mels, content frames + 3000] -> (the first window's
+    encoder states, which its decode reuses; languages by probability, most likely first).
+
+    The first 30 s decide, unless their likeliest language is below `threshold` and `windows`
+    allows more: then each next window votes in turn until one is sure enough (its languages
+    are the answer), else the language most windows chose wins (a tie: the likelier on average),
+    with the windows' mean probabilities (TranscribeOptions.language_detection_*)."""
+    content = mel.shape[-1] - N_FRAMES
+    first = None
+    votes: list[dict[str, float]] = []  # per window: language -> probability
+    for seek in range(0, content, N_FRAMES)[:windows]:
+        states = encode_windows(engine, window_mel(mel, seek, min(N_FRAMES, content - seek)), stats)
+        first = states if first is None else first
+        probs = engine.detect(states[0])[0]  # language -> probability
+        ranked = sorted(probs.items(), key=lambda kv: -kv[1])
+        if ranked[0][1] >= threshold or windows == 1:
+            return first, ranked
+        votes.append(probs)
+    mean = {lang: sum(v[lang] for v in votes) / len(votes) for lang in votes[0]}
+    count = Counter(max(v, key=v.get) for v in votes)
+    chosen = max(count, key=lambda lang: (count[lang], mean[lang]))
+    ranked = sorted(mean.items(), key=lambda kv: (kv[0] != chosen, -kv[1]))
+    return first, ranked
+
+
+def detect_language(
+    audio: AudioSource, pair, *, source_rate: int | None = None
+) -> tuple[str, float, list[tuple[str, float]]]:
+    """audio (as `transcribe` takes it) -> (language, its probability, every language's
+    probability, most likely first): the detection `transcribe` runs when no language is given,
+    on the same log-Mel of the whole audio (its floor is taken over all of it), so the two agree.
+    An English-only model gives ("en", 1.0, [("en", 1.0)]) without running the encoder."""
+    if not pair.tokenizer.multilingual:
+        return "en", 1.0, [("en", 1.0)]
+    samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
+    mel = log_mel(samples, pair.n_mels, padding=N_SAMPLES)[0]  # [n_mels, content frames + 3000]
+    _, ranked = _first_window_languages(LocalEngine(pair), mel, DecodeStats())
+    return *ranked[0], ranked
+
+
+def _decoded_spans(samples, options: TranscribeOptions) -> SpanMap | None:
+    """samples: float32 [n] -> the spans of them that are decoded: the clips asked for, and
+    inside them (or the whole recording) the speech VAD finds; None: all of it."""
+    clips = clip_spans(options.clip_timestamps, samples.size) if options.clip_timestamps else None
+    if options.vad is not None:
+        return detect_speech(samples, options.vad, within=clips)
+    return None if clips is None else SpanMap(clips)
 
 
 def _in_workspace(segments: Iterator[Segment]) -> Iterator[Segment]:
@@ -116,7 +182,7 @@ def _in_workspace(segments: Iterator[Segment]) -> Iterator[Segment]:
         yield from segments
 
 
-def transcribe_clip(pair, audio, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:
+def transcribe_clip(audio, pair, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:
     """audio: a path, bytes, or a float array (with `source_rate`) of at most 30 s."""
     samples = load_audio(audio, source_rate=source_rate)  # float32 mono 16 kHz
     if len(samples) > N_SAMPLES:

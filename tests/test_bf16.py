@@ -142,8 +142,8 @@ def test_an_int8_bfloat16_base_decodes_exactly_against_itself_and_keeps_its_wer(
     assert isinstance(pair.target.model.encoder.layers[0].fc2, Bf16Linear)
     assert isinstance(pair.target.model.decoder.layers[0].encoder_attn.v_proj, Bf16Linear)
     for clip in librivox:
-        ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
-        ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
+        ar = transcribe_clip(clip.path, pair, DecodeOptions(mode="autoregressive"))
+        ex = transcribe_clip(clip.path, pair, DecodeOptions(mode="exact"))
         assert ex.tokens == ar.tokens, clip.id
     rec = long_recording(librivox[0].path.parent)
     opts = TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions()).with_decode(timestamps=False)

@@ -311,8 +311,8 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivo
     pair = load_pair("base", "default", compute_type="int8")
     assert pair.compute_type == "int8" and pair.draft is not None
     for clip in librivox:
-        ar = transcribe_clip(pair, clip.path, DecodeOptions(mode="autoregressive"))
-        ex = transcribe_clip(pair, clip.path, DecodeOptions(mode="exact"))
+        ar = transcribe_clip(clip.path, pair, DecodeOptions(mode="autoregressive"))
+        ex = transcribe_clip(clip.path, pair, DecodeOptions(mode="exact"))
         assert ex.tokens == ar.tokens, clip.id
     rec = long_recording(librivox[0].path.parent)
     chunked_vad = TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions())
@@ -339,7 +339,7 @@ def test_base_in_int8_transcribes_the_clips_as_fp32_does(librivox):
         pair = load_pair("base", None, compute_type=ct)
         assert pair.compute_type == ct
         texts[ct] = [
-            transcribe_clip(pair, c.path, DecodeOptions(mode="autoregressive")).text for c in librivox
+            transcribe_clip(c.path, pair, DecodeOptions(mode="autoregressive")).text for c in librivox
         ]
     refs = [c.text for c in librivox]
     assert wer(refs, texts["int8"]) <= wer(refs, texts["float32"]) + 0.01

@@ -92,6 +92,6 @@ def test_resampled_stereo_inputs_transcribe(base_pair, librivox, tmp_path, rate)
     stereo = np.stack([resampled, 0.8 * resampled], axis=1)
     path = tmp_path / f"{rate}.wav"
     sf.write(path, stereo, rate)
-    result = transcribe_clip(base_pair, path, AR)
+    result = transcribe_clip(path, base_pair, AR)
     score = wer([clip.text], [result.text])
     assert score <= (0.15 if rate == 8000 else 0.10), result.text

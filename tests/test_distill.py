@@ -102,8 +102,8 @@ def test_distill_end_to_end_resumes_and_yields_an_exact_draft(base_pair, tmp_pat
     assert json.loads(draft.meta["recipe"])["compute_type"] == "float32"
     pair = replace(base_pair, draft=draft, shared_encoder=True, draft_name=str(out))
     opts = DecodeOptions(mode="exact")
-    ar = transcribe_clip(pair, str(EXAMPLE), replace(opts, mode="autoregressive"))
-    sp = transcribe_clip(pair, str(EXAMPLE), opts)
+    ar = transcribe_clip(str(EXAMPLE), pair, replace(opts, mode="autoregressive"))
+    sp = transcribe_clip(str(EXAMPLE), pair, opts)
     assert sp.tokens == ar.tokens and sp.stats.proposed > 0
 
 

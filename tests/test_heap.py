@@ -158,7 +158,7 @@ def test_a_transcription_decodes_every_window_in_one_workspace(
     monkeypatch.setattr(loop.DecodeLoop, "run", recorded)
     options = DecodeOptions(mode="autoregressive", language="en")
     if strategy == "clip":
-        transcribe_clip(tiny_en_pair, librivox[0].path, options)
+        transcribe_clip(librivox[0].path, tiny_en_pair, options)
     else:  # 75 s: three or more windows, in batches of one
         rec = long_recording(librivox[0].path.parent)
         opts = TranscribeOptions(strategy=strategy, batch_size=1, decode=options)

@@ -3,6 +3,8 @@ rules, the time map back to the recording, and `--vad` end to end on the long-fo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -11,7 +13,8 @@ from click.testing import CliRunner
 
 from benchmarks.longform import LongRecording, long_recording
 from specasr.eval.metric import wer
-from specasr.longform.vad import CHUNK, SpeechMap, detect_speech, speech_chunks, speech_probabilities
+from specasr.longform.spans import SpanMap
+from specasr.longform.vad import CHUNK, detect_speech, speech_chunks, speech_probabilities
 from specasr.options import TranscribeOptions, VadOptions
 from specasr.results import Segment
 from specasr.transcription import transcribe
@@ -58,7 +61,7 @@ def test_matches_the_packaged_torchscript_model(librivox):
 
 def test_speech_is_found_where_the_clips_are(long_audio):
     speech = detect_speech(long_audio.samples, VadOptions())
-    found = [(a / SR, b / SR) for a, b in speech.chunks]
+    found = [(a / SR, b / SR) for a, b in speech.spans]
     assert len(found) == len(long_audio.clips), found  # 2-3 s pauses split every clip from the next
     for (a, b), (start, end) in zip(found, long_audio.clips):
         assert start - 0.6 <= a <= start + 0.2 and end - 0.2 <= b <= end + 0.6, ((a, b), (start, end))
@@ -68,7 +71,7 @@ def test_silence_and_noise_hold_no_speech(quiet_files):
     for name, audio in quiet_files.items():
         probs = speech_probabilities(audio)
         assert probs.max() < 0.5, name
-        assert detect_speech(audio, VadOptions()).chunks == [], name
+        assert detect_speech(audio, VadOptions()).spans == [], name
 
 
 # ---- the rules ----------------------------------------------------------------------------------
@@ -100,16 +103,70 @@ def test_speech_chunk_rules():
     assert padded == [(0.0, 77 * 0.032 + 0.6)]
 
 
+def test_a_long_speech_chunk_is_split_at_its_last_pause():
+    n = 40 * SR
+    unpadded = VadOptions(speech_pad=0.0)
+
+    def chunks(probs, options):
+        return [(a // CHUNK, b // CHUNK) for a, b in speech_chunks(probs, n, options)]  # in 32 ms chunks
+
+    # from chunk 31: 5 s of speech, a 0.2 s pause, 3 s, a 64 ms dip (too short to split at), 6 s
+    probs = _probs((1, 0.1), (5, 0.9), (0.2, 0.1), (3, 0.9), (0.064, 0.1), (6, 0.9), (2, 0.1))
+    assert chunks(probs, unpadded) == [(31, 477)]  # 14.3 s: no limit by default
+    assert chunks(probs, replace(unpadded, max_speech_duration_s=20.0)) == [(31, 477)]  # within it
+    # over 10 s: split at the pause, the second chunk starting where speech came back
+    assert chunks(probs, replace(unpadded, max_speech_duration_s=10.0)) == [(31, 187), (193, 477)]
+    # padded, the two meet halfway through the pause instead of merging back into one chunk
+    pad = 6400  # samples (0.4 s)
+    assert speech_chunks(probs, n, VadOptions(max_speech_duration_s=10.0)) == [
+        (31 * CHUNK - pad, 190 * CHUNK),
+        (190 * CHUNK, 477 * CHUNK + pad),
+    ]
+    # the limit reached inside a pause (shorter than min_silence): the next chunk starts with speech
+    probs = _probs((1, 0.1), (9.5, 0.9), (0.5, 0.1), (3, 0.9), (2, 0.1))
+    assert chunks(probs, replace(unpadded, max_speech_duration_s=10.0)) == [(31, 328), (344, 438)]
+    # 25 s without a pause: cut hard every 312 chunks (9.98 s)
+    probs = _probs((1, 0.1), (25, 0.9), (2, 0.1))
+    assert chunks(probs, replace(unpadded, max_speech_duration_s=10.0)) == [(31, 343), (343, 655), (655, 812)]
+    padded = speech_chunks(probs, n, VadOptions(max_speech_duration_s=10.0))
+    assert all(b - a <= 10 * SR for a, b in padded) and len(padded) == 3  # 287 chunks each, and pads
+    assert all(b == a for (_, b), (a, _) in zip(padded, padded[1:]))  # no speech lost between them
+    assert (padded[0][0], padded[-1][1]) == (31 * CHUNK - pad, 812 * CHUNK + pad)
+
+
+def test_no_speech_chunk_outgrows_max_speech_duration(long_audio):
+    plain = detect_speech(long_audio.samples, VadOptions()).spans
+    assert detect_speech(long_audio.samples, VadOptions(max_speech_duration_s=60.0)).spans == plain
+    limit = 3.0
+    assert max(b - a for a, b in plain) > limit * SR  # the clips' speech runs for up to 7.5 s
+    split = detect_speech(long_audio.samples, VadOptions(max_speech_duration_s=limit)).spans
+    assert len(split) > len(plain) and all(b - a <= limit * SR for a, b in split)
+    assert all(any(pa <= a and b <= pb for pa, pb in plain) for a, b in split)  # pieces of the chunks
+    # and every 32 ms of speech in them is still decoded
+    probs = speech_probabilities(long_audio.samples)
+    speech = [i * CHUNK for i in np.flatnonzero(probs >= 0.5) if any(a <= i * CHUNK < b for a, b in plain)]
+    assert all(any(a <= x < b for a, b in split) for x in speech)
+
+
 def test_vad_options_are_validated():
-    for bad in ({"threshold": 0}, {"threshold": 1.2}, {"neg_threshold": 0.7}, {"min_silence": -1}):
+    for bad in (
+        {"threshold": 0},
+        {"threshold": 1.2},
+        {"neg_threshold": 0.7},
+        {"min_silence": -1},
+        {"max_speech_duration_s": 0},
+        {"max_speech_duration_s": float("nan")},
+        {"max_speech_duration_s": 0.8},  # a 32 ms chunk of speech and its two 0.4 s pads do not fit
+    ):
         with pytest.raises(ValueError):
             VadOptions(**bad)
     assert VadOptions(threshold=0.6).end_threshold == pytest.approx(0.45)
+    assert VadOptions(max_speech_duration_s=0.1, speech_pad=0.0).max_speech_duration_s == 0.1
 
 
 def test_speech_map_joins_and_maps_back():
     samples = np.arange(10 * SR, dtype=np.float32)
-    speech = SpeechMap([(1 * SR, 3 * SR), (6 * SR, 7 * SR)])
+    speech = SpanMap([(1 * SR, 3 * SR), (6 * SR, 7 * SR)])
     joined = speech.collect(samples)
     assert joined.shape == (3 * SR,) and joined[0] == SR and joined[2 * SR] == 6 * SR
     assert speech.joins() == [200]  # log-Mel frames (10 ms)
@@ -119,7 +176,7 @@ def test_speech_map_joins_and_maps_back():
     seg = Segment(0, 1.5, 2.5, " x", [], -0.1, 1.0, 0.0, 0.0, 0, None)
     (back,) = speech.restore(iter([seg]))
     assert (back.start, back.end) == (2.5, 6.5)
-    assert SpeechMap([]).collect(samples).size == 0
+    assert SpanMap([]).collect(samples).size == 0
 
 
 # ---- end to end (tiny.en) -----------------------------------------------------------------------

@@ -93,6 +93,20 @@ def test_words_split_at_spaces_and_keep_their_punctuation(en_tok):
     assert sorted(k for w in merged for k in w.tokens) == list(range(len(ids)))
 
 
+def test_the_punctuation_sets_decide_what_joins(en_tok):
+    """The joining sets are options: without "," and ":" in `append`, those marks stay words of
+    their own; without "-" in `prepend`, a dash no longer joins the word after it."""
+    ids = en_tok.encode(' Well, she said: "(no) way" - right.')
+    words = [W._Timed(t, g, 0.0, 0.0) for t, g in W.split_words(en_tok, ids, "en")]
+    default = [w.text for w in W.merge_punctuation(words)]
+    assert default == [" Well,", " she", " said:", ' "(no)', ' way"', " - right."]
+    custom = TranscribeOptions(prepend_punctuations='"(', append_punctuations='".)')
+    merged = W.merge_punctuation(words, custom.prepend_punctuations, custom.append_punctuations)
+    apart = [" Well", ",", " she", " said", ":", ' "(no)', ' way"', " -", " right."]
+    assert [w.text for w in merged] == apart
+    assert [w.text for w in W.merge_punctuation(words, "", "")] == [w.text for w in words]
+
+
 def test_unspaced_languages_split_at_whole_characters():
     tok = Tokenizer.from_file(offline_files("base").tokenizer)
     text = "鬱鬱蔥蔥的森林"  # several characters take two byte-level tokens
@@ -245,9 +259,11 @@ def recording(librivox):
 
 
 def _words(pair, rec, **kw):
+    """rec: a LongRecording or samples (16 kHz)."""
     options = TranscribeOptions(word_timestamps=True, **kw)
     mode = "exact" if pair.draft is not None else "autoregressive"
-    segments, _ = transcribe(rec.samples, pair, options.with_decode(mode=mode), source_rate=SR)
+    samples = rec if isinstance(rec, np.ndarray) else rec.samples
+    segments, _ = transcribe(samples, pair, options.with_decode(mode=mode), source_rate=SR)
     return list(segments)
 
 
@@ -274,6 +290,21 @@ def test_real_words_lie_in_their_segments_and_clips(tiny_en_pair, recording, ar_
     # pause may end up to about 1 s late (tiny.en's attention lingers on it)
     for w in words:
         assert any(a - 0.6 <= w.start < b and w.end <= b + 1.2 for a, b in recording.clips), w
+
+
+def test_the_punctuation_options_reach_the_words_of_a_real_clip(tiny_en_pair, librivox):
+    """TranscribeOptions' joining sets are the word timer's: with none, the clip's full stop
+    (and any comma) is a word of its own, timed like the others; the text is the same."""
+    clip = long_recording(librivox[0].path.parent, repeats=1).samples[: 8 * SR]
+    joined = _words(tiny_en_pair, clip)
+    apart = _words(tiny_en_pair, clip, prepend_punctuations="", append_punctuations="")
+    assert [s.text for s in apart] == [s.text for s in joined]
+    _check_words(apart)
+    marks = [w for s in apart for w in s.words if w.word in {".", ","}]
+    assert marks and all(0 < w.probability <= 1 for w in marks)
+    assert not any(w.word in {".", ","} for s in joined for w in s.words)
+    assert any(w.word.endswith(".") for s in joined for w in s.words)
+    assert len([w for s in apart for w in s.words]) == len([w for s in joined for w in s.words]) + len(marks)
 
 
 def test_words_agree_with_faster_whisper_on_a_clip(tiny_en_pair, librivox):

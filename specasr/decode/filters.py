@@ -209,6 +209,7 @@ def build_filters(
     begin_suppress_tokens: Sequence[int],
     suppress_blank: bool,
     timestamps: bool,
+    max_initial_timestamp: float | None = 1.0,
 ) -> list[LogitFilter]:
     """The filter chain for one decoding task, in Whisper's order."""
     filters: list[LogitFilter] = []
@@ -224,7 +225,7 @@ def build_filters(
     ]
     filters.append(SuppressTokens(list(suppress_tokens) + control, vocab_size))
     if timestamps:
-        filters.append(TimestampRules(tokenizer, sample_begin))
+        filters.append(TimestampRules(tokenizer, sample_begin, max_initial_timestamp))
     return filters
 
 

@@ -465,7 +465,7 @@ DEVICE_GAMMA_TIMESTAMPS = 2
 def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
     """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
     the host loop must: not CUDA, T > 0, hooks, phase timing, a start sequence of one token
-    (timestamped English-only), or `options.device_loop` off. A prompt is fine: the draft
+    (timestamped English-only), a forced prefix, or `options.device_loop` off. A prompt is fine: the draft
     reads its last `draft_prompt` tokens, as the host loop's does. "auto" is fixed at
     `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with timestamps (at most `options.gamma`),
     "adaptive" adapts from γ up to min(γ_max, 8); "fixed", "backoff" and "analytic" (whose
@@ -474,7 +474,7 @@ def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | G
         return None
     if options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
         return None
-    if not device_form(task.filters) or len(task.init) < 2:
+    if not device_form(task.filters) or len(task.init) < 2 or task.forced:
         return None
     if not options.speculative:
         return 0

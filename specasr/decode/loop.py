@@ -171,14 +171,14 @@ def decode_states(
     tok = pair.tokenizer
     results = []
     for r in range(len(target_states)):
-        toks = batch.seqs[r][task.sample_begin :]
+        toks = batch.seqs[r][task.sample_begin :]  # the forced prefix, then the sampled tokens
         text_toks = toks[:-1] if toks and toks[-1] == tok.eot else toks
-        kinds = batch.kinds[r][: len(text_toks)]
+        kinds = (["prefix"] * task.forced + batch.kinds[r])[: len(text_toks)]
         results.append(
             DecodeResult(
                 tokens=text_toks,
                 text=tok.decode(text_toks),
-                avg_logprob=batch.sum_logprob[r] / (len(text_toks) + 1),
+                avg_logprob=batch.sum_logprob[r] / (len(text_toks) - task.forced + 1),
                 no_speech_prob=batch.no_speech[r],
                 temperature=options.temperature,
                 language=language,

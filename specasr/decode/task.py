@@ -26,16 +26,31 @@ def start_sequence(
     return prev + seq, len(prev)
 
 
+def prefix_tokens(pair, options: DecodeOptions) -> list[int]:
+    """The tokens `options.prefix` forces at the start of every row: with timestamps, the
+    first timestamp <|0.00|> and then the text (as faster-whisper forces it), else the text;
+    none without a prefix."""
+    if not options.prefix or not options.prefix.strip():
+        return []
+    tok = pair.tokenizer
+    text = tok.encode(" " + options.prefix.strip())
+    return ([tok.timestamp_begin] if options.timestamps else []) + text
+
+
 def task_filters(pair, options: DecodeOptions, sample_begin: int) -> list[LogitFilter]:
     """Whisper's logit filters for decoding with `options` after `sample_begin` prompt tokens."""
+    beyond = [t for t in options.suppress_ids if t >= pair.vocab_size]
+    if beyond:
+        raise ValueError(f"token {beyond[0]} to suppress is beyond the vocabulary ({pair.vocab_size} tokens)")
     return build_filters(
         pair.tokenizer,
         vocab_size=pair.vocab_size,
         sample_begin=sample_begin,
-        suppress_tokens=pair.suppress_tokens if options.suppress_tokens else (),
+        suppress_tokens=(pair.suppress_tokens if options.suppress_tokens else ()) + options.suppress_ids,
         begin_suppress_tokens=pair.begin_suppress_tokens,
         suppress_blank=options.suppress_blank,
         timestamps=options.timestamps,
+        max_initial_timestamp=options.max_initial_timestamp,
     )
 
 
@@ -43,15 +58,18 @@ def task_filters(pair, options: DecodeOptions, sample_begin: int) -> list[LogitF
 class Task:
     """One decode's fixed inputs: every row starts from `init` and stops at eot or `limit`."""
 
-    init: list[int]  # prompt (if any) + start sequence
+    init: list[int]  # prompt (if any) + start sequence + forced prefix (if any)
     sot_index: int  # index of <|startoftranscript|> in init
     limit: int  # total context length at which a row stops
     filters: list[LogitFilter]
     language: str | None
+    forced: int = 0  # init's last tokens that are the prefix (`prefix_tokens`): output, not sampled
 
     @property
     def sample_begin(self) -> int:
-        return len(self.init)
+        """Where each row's output starts: the forced prefix is output, and the filters read it
+        as sampled (a prefix's <|0.00|> is the first timestamp of the timestamp grammar)."""
+        return len(self.init) - self.forced
 
     @property
     def prompt_len(self) -> int:
@@ -61,12 +79,15 @@ class Task:
     @classmethod
     def build(cls, pair, options: DecodeOptions, language: str | None, prompt: list[int] | None) -> Task:
         init, sot_index = start_sequence(pair, options, language, prompt)
-        begin = len(init)
+        begin = len(init)  # the output's first position
+        forced = prefix_tokens(pair, options)
         most = options.max_new_tokens
         limit = N_TEXT_CTX if most is None else min(N_TEXT_CTX, begin + most)
-        if limit <= begin:
-            raise ValueError(f"the prompt leaves no room to decode ({begin} of {N_TEXT_CTX} positions)")
-        return cls(init, sot_index, limit, task_filters(pair, options, begin), language)
+        if limit <= begin + len(forced):
+            used = begin + len(forced)
+            raise ValueError(f"the prompt and prefix leave no room to decode ({used} of {N_TEXT_CTX} places)")
+        filters = task_filters(pair, options, begin)
+        return cls(init + forced, sot_index, limit, filters, language, len(forced))
 
 
 def task_language(pair, options, target_states: Tensor) -> str:

@@ -32,11 +32,13 @@ from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
 from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
+    hotword_tokens,
     initial_prompt_tokens,
     is_quiet,
     is_silence,
     split_window,
     window_mel,
+    window_prompt,
     window_segments,
 )
 from specasr.longform.words import WordTimer
@@ -135,7 +137,8 @@ def chunked(
     content = mel.shape[-1] - N_FRAMES
     level = mel[:, :content].float().mean(dim=0)  # [content frames]
     lanes = [_Lane(a, b, a) for a, b in cut_spans(level, options.cut_search, joins)]
-    prompt = initial_prompt_tokens(tok, options) or None
+    # every window: the hotwords, then the initial prompt (there is no running prompt)
+    prompt = window_prompt(hotword_tokens(tok, options), initial_prompt_tokens(tok, options), False)
     words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
     shown, n_segments = 0, 0  # lanes yielded so far, segments yielded so far
     while shown < len(lanes):

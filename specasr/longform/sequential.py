@@ -15,6 +15,8 @@ it does not prompt the next window; Whisper would keep the last, sampled at T = 
 probably silence (P(<|nospeech|>) > 0.6 with a low log-prob) is skipped, and one of digital
 silence (no sample near speech level) is skipped before it is encoded. The encoder runs
 once per window; every fallback step reuses its states (`windows.py`).
+With word timestamps, `hallucination_silence_threshold` drops text heard in a long silence and
+seeks past the silence (`hallucination.py`).
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ import numpy as np
 from torch import Tensor
 
 from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
+from specasr.longform.hallucination import Skipper, ends_on_one_timestamp
 from specasr.longform.windows import (
     decode_with_fallback,
     encode_windows,
+    hotword_tokens,
     initial_prompt_tokens,
     is_quiet,
     is_silence,
     needs_fallback,
     split_window,
     window_mel,
+    window_prompt,
     window_segments,
 )
 from specasr.longform.words import WordTimer
@@ -62,8 +67,11 @@ def sequential(
     content = mel.shape[-1] - N_FRAMES
     all_tokens = initial_prompt_tokens(tok, options)
     prompt_since = 0  # all_tokens[prompt_since:] prompts the next window
+    hot = hotword_tokens(tok, options)
+    later = replace(options, decode=replace(options.decode, prefix=None))  # the prefix forces window 0
     seek, n_segments = 0, 0
     words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
+    skipper = Skipper.maybe(options)  # None unless options.hallucination_silence_threshold
     while seek < content:
         size = min(N_FRAMES, content - seek)
         if is_quiet(quiet, seek, size):
@@ -76,15 +84,29 @@ def sequential(
             if first is not None and seek == 0
             else encode_windows(engine, window_mel(mel, seek, size), stats)
         )
-        prompt = all_tokens[prompt_since:] or None
+        opts = options if seek == 0 else later
+        forced = bool(opts.decode.prefix)
+        previous = all_tokens[prompt_since:]
         window = info.windows
         result = decode_with_fallback(
-            engine, *states, options, info.language, prompt, options.decode.seed + window, stats
+            engine,
+            *states,
+            opts,
+            info.language,
+            window_prompt(hot, previous, forced),
+            options.decode.seed + window,
+            stats,
         )[0]
-        unprompted = prompt is not None and needs_fallback(result, options)
+        unprompted = bool(previous) and needs_fallback(result, options)
         if unprompted:  # every temperature failed under the prompt: the prompt sent it into a loop
             result = decode_with_fallback(
-                engine, *states, options, info.language, None, options.decode.seed + window, stats
+                engine,
+                *states,
+                opts,
+                info.language,
+                window_prompt(hot, [], forced),
+                options.decode.seed + window,
+                stats,
             )[0]
         info.stats = info.stats.merge(stats)
         info.windows += 1
@@ -92,13 +114,20 @@ def sequential(
             seek += size
             continue
         pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
-        seek += advance
+        start, seek = seek, seek + advance
         current = window_segments(tok, result, pieces, offset, info.duration, window, stats)
         current = [replace(seg, id=n_segments + k) for k, seg in enumerate(current)]
         if words is not None and current:  # one teacher-forced pass over the window's final tokens
             with engine.exclusive():
                 words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])
             current = words.attach(current)
+        if skipper is not None and current:  # text heard in silence: drop it, seek past the silence
+            complete = ends_on_one_timestamp(result.tokens, tok.timestamp_begin)
+            end, audio_end = offset + size / FRAMES_PER_SECOND, content / FRAMES_PER_SECOND
+            keep, resume = skipper.window(current, offset, end, seek / FRAMES_PER_SECOND, complete, audio_end)
+            words.forget(sum(1 for s in current[keep:] if s.words))
+            current = current[:keep]
+            seek = min(content, max(start + 1, round(resume * FRAMES_PER_SECOND)))
         all_tokens += [t for s in current for t in s.tokens]
         if (
             unprompted

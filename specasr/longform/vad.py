@@ -1,7 +1,9 @@
-"""Voice activity detection with Silero VAD (v6, 16 kHz), and the time map back to the audio.
+"""Voice activity detection with Silero VAD (v6, 16 kHz): where a recording holds speech.
 
-`detect_speech` finds the speech chunks of a recording; `SpeechMap` joins them into the audio
-that is decoded and maps segment (and word) times from that audio back to the recording.
+`detect_speech` finds the speech chunks of a recording (optionally only inside given clips); the
+`SpanMap` it returns (spans.py) joins them into the audio that is decoded and maps segment (and
+word) times from that audio back to the recording. A chunk longer than
+`VadOptions.max_speech_duration_s` is split, at its last pause when it has one (`speech_runs`).
 
 The network is Silero's, with the weights of the TorchScript model that the `silero-vad`
 package ships (`silero_vad/data/silero_vad.jit`, read with torch.jit.load), written out here in
@@ -16,10 +18,7 @@ tests/test_vad.py checks it against the package's own TorchScript model.
 
 from __future__ import annotations
 
-import bisect
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -27,15 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specasr.constants import HOP_LENGTH, SAMPLE_RATE
+from specasr.constants import SAMPLE_RATE
+from specasr.longform.spans import SpanMap
 from specasr.options import VadOptions
-from specasr.results import Segment
 
 CHUNK = 512  # samples per speech probability (32 ms)
 CONTEXT = 64  # samples of the previous chunk each chunk sees
 WEIGHTS = "silero_vad/data/silero_vad.jit"  # inside the silero-vad distribution
 LSTM_PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 BLOCK = 8192  # chunks per batched convolution pass (bounds memory on long recordings)
+SPLIT_PAUSE = 0.098  # s: the shortest pause a chunk over its longest is split at (Silero's)
 
 
 class SileroVad(nn.Module):
@@ -124,89 +124,91 @@ def speech_probabilities(samples: np.ndarray) -> np.ndarray:
     return load_vad()(torch.from_numpy(np.ascontiguousarray(samples, np.float32))).numpy()
 
 
-def speech_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
-    """Speech probabilities per chunk -> [(start, end)] samples of speech, padded and merged.
+def speech_runs(probs: np.ndarray, options: VadOptions) -> list[tuple[int, int, bool]]:
+    """Speech probabilities per chunk -> [(start, end, split)] chunk indices of speech, unpadded.
 
     Speech starts at a chunk with P >= threshold and ends once P stays below neg_threshold for
-    min_silence s (hysteresis: a dip between words does not end it); chunks shorter than
-    min_speech s are dropped; each is widened by speech_pad s, and chunks that then touch merge.
+    min_silence s (hysteresis: a dip between words does not end it). A run that would outgrow
+    max_speech_duration_s once padded is split as Silero's get_speech_timestamps does (its
+    last-pause rule): at the start of its last pause of at least SPLIT_PAUSE s, the next run
+    starting where speech came back (if it has), else hard, before the chunk that outgrows it.
+    split: the run ends or starts at such a split.
     """
-    low = options.end_threshold
+    high, low = options.threshold, options.end_threshold
     min_silence = options.min_silence * SAMPLE_RATE / CHUNK  # in chunks
-    found, start, quiet_from = [], None, None
+    min_pause = SPLIT_PAUSE * SAMPLE_RATE / CHUNK  # in chunks
+    longest = (options.max_speech_duration_s * SAMPLE_RATE - 2 * _pad(options)) / CHUNK  # in chunks
+    runs: list[tuple[int, int, bool]] = []
+    start = quiet_from = pause = resume = None  # chunk indices in the run (pause: its last pause)
+    split = False  # the current run starts at a split
     for i, p in enumerate(probs):
         if start is None:
-            if p >= options.threshold:
-                start, quiet_from = i, None
-        elif p >= options.threshold:
+            if p >= high:
+                start, quiet_from, pause, resume, split = i, None, None, None, False
+            continue
+        if p >= high:
+            if quiet_from is not None and i - quiet_from >= min_pause:
+                pause, resume = quiet_from, i
             quiet_from = None
         elif p < low:
             quiet_from = i if quiet_from is None else quiet_from
             if i + 1 - quiet_from >= min_silence:
-                found.append((start, quiet_from))
-                start, quiet_from = None, None
+                runs.append((start, quiet_from, split))
+                start = None
+                continue
+            if i + 1 - quiet_from >= min_pause:
+                pause, resume = quiet_from, None
+        if i + 1 - start > longest:  # with chunk i the run would be too long
+            runs.append((start, i if pause is None else pause, True))
+            start = (i if p >= high else None) if pause is None else resume
+            pause = resume = None
+            split = start is not None
     if start is not None:
-        found.append((start, len(probs) if quiet_from is None else quiet_from))
-    pad = round(options.speech_pad * SAMPLE_RATE)
+        runs.append((start, len(probs) if quiet_from is None else quiet_from, split))
+    return runs
+
+
+def speech_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
+    """Speech probabilities per chunk -> [(start, end)] samples of speech, padded and merged.
+
+    Runs (`speech_runs`) shorter than min_speech s are dropped, unless a split made them; each is
+    widened by speech_pad s, and chunks that then touch merge when the merged chunk stays within
+    max_speech_duration_s, else meet halfway between their runs (Silero's rule for close chunks).
+    """
+    pad = _pad(options)
+    longest = options.max_speech_duration_s * SAMPLE_RATE  # samples
     out: list[tuple[int, int]] = []
-    for a, b in found:
-        if (b - a) * CHUNK < options.min_speech * SAMPLE_RATE:
+    last = 0  # the previous run's unpadded end (samples)
+    for a, b, split in speech_runs(probs, options):
+        if not split and (b - a) * CHUNK < options.min_speech * SAMPLE_RATE:
             continue
-        a, b = max(0, a * CHUNK - pad), min(n_samples, b * CHUNK + pad)
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], b)
+        a, b = a * CHUNK, min(n_samples, b * CHUNK)
+        lo, hi = max(0, a - pad), min(n_samples, b + pad)
+        if out and lo <= out[-1][1] and hi - out[-1][0] <= longest:
+            out[-1] = (out[-1][0], hi)
+        elif out and lo <= out[-1][1]:  # merged, it would be too long: meet halfway between the runs
+            lo = last + (a - last) // 2
+            out[-1] = (out[-1][0], lo)
+            out.append((lo, hi))
         else:
-            out.append((a, b))
+            out.append((lo, hi))
+        last = b
     return out
 
 
-@dataclass(frozen=True)
-class SpeechMap:
-    """The speech chunks of a recording, joined end to end into the audio that is decoded."""
-
-    chunks: list[tuple[int, int]]  # (start, end) samples of each chunk in the recording
-
-    @property
-    def starts(self) -> list[int]:
-        """Where each chunk starts in the joined audio (samples)."""
-        return list(np.cumsum([0] + [b - a for a, b in self.chunks[:-1]]))
-
-    def collect(self, samples: np.ndarray) -> np.ndarray:
-        """samples [n] -> the speech chunks, joined: float32 [sum of chunk lengths]."""
-        if not self.chunks:
-            return np.zeros(0, np.float32)
-        return np.concatenate([samples[a:b] for a, b in self.chunks]).astype(np.float32, copy=False)
-
-    def joins(self) -> list[int]:
-        """Log-Mel frames of the joined audio where one chunk ends and the next begins."""
-        return [s // HOP_LENGTH for s in self.starts[1:]]
-
-    def to_original(self, t: float, end: bool = False) -> float:
-        """Seconds in the joined audio -> seconds in the recording. A time exactly on a join is
-        the end of the chunk before it when `end`, else the start of the chunk after it."""
-        sample = t * SAMPLE_RATE
-        starts = self.starts
-        k = (bisect.bisect_left if end else bisect.bisect_right)(starts, sample) - 1
-        k = min(max(k, 0), len(self.chunks) - 1)
-        a, b = self.chunks[k]
-        return min(a + sample - starts[k], b) / SAMPLE_RATE
-
-    def restore(self, segments: Iterator[Segment]) -> Iterator[Segment]:
-        """Segments timed on the joined audio -> the same, timed on the recording."""
-        for seg in segments:
-            start = self.to_original(seg.start)
-            seg = replace(seg, start=start, end=max(start, self.to_original(seg.end, end=True)))
-            if getattr(seg, "words", None):
-                seg = replace(seg, words=[self._word(w) for w in seg.words])
-            yield seg
-
-    def _word(self, word):
-        start = self.to_original(word.start)
-        return replace(word, start=start, end=max(start, self.to_original(word.end, end=True)))
+def _pad(options: VadOptions) -> int:
+    return round(options.speech_pad * SAMPLE_RATE)  # samples
 
 
-def detect_speech(samples: np.ndarray, options: VadOptions) -> SpeechMap:
-    """samples: float32 [n] mono 16 kHz -> the map of its speech chunks."""
-    if samples.size == 0:
-        return SpeechMap([])
-    return SpeechMap(speech_chunks(speech_probabilities(samples), samples.size, options))
+def detect_speech(
+    samples: np.ndarray, options: VadOptions, within: list[tuple[int, int]] | None = None
+) -> SpanMap:
+    """samples: float32 [n] mono 16 kHz -> the map of its speech chunks. within: [(start, end)]
+    samples (the clips of `TranscribeOptions.clip_timestamps`): only speech inside them, each
+    searched on its own (Silero's state starts afresh at each), so no chunk reaches past one."""
+    chunks = []
+    for a, b in [(0, samples.size)] if within is None else within:
+        if b > a:
+            probs = speech_probabilities(samples[a:b])  # [ceil((b - a) / 512)]
+            chunks += [(a + s, a + e) for s, e in speech_chunks(probs, b - a, options)]
+    return SpanMap(chunks)

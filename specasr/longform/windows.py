@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specasr.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SECONDS_PER_TIMESTAMP
+from specasr.constants import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_TEXT_CTX, SECONDS_PER_TIMESTAMP
 from specasr.features import pad_or_trim
 from specasr.options import TranscribeOptions
 from specasr.results import DecodeResult, Segment
@@ -21,6 +21,22 @@ from specasr.stats import DecodeStats
 def initial_prompt_tokens(tok, options: TranscribeOptions) -> list[int]:
     """Tokens of `initial_prompt` (with Whisper's leading space), or none."""
     return tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+
+
+def hotword_tokens(tok, options: TranscribeOptions) -> list[int]:
+    """Tokens of `hotwords` (with Whisper's leading space), or none."""
+    words = (options.hotwords or "").strip()
+    return tok.encode(" " + words) if words else []
+
+
+def window_prompt(hot: list[int], previous: list[int], forced: bool) -> list[int] | None:
+    """A window's prompt: the hotwords (unless a prefix is forced on this window), then as
+    much of the previous text as fits after them in the prompt's half of the context (the
+    start sequence keeps a prompt's last N_TEXT_CTX // 2 - 1 tokens: the hotwords must not be
+    the ones cut); None when there is neither."""
+    hot = [] if forced else hot
+    room = max(N_TEXT_CTX // 2 - 1 - len(hot), 0)
+    return (hot + previous[len(previous) - room :]) or None
 
 
 def needs_fallback(result: DecodeResult, options: TranscribeOptions) -> bool:

@@ -39,8 +39,8 @@ from specasr.options import TranscribeOptions
 from specasr.results import Segment, TranscriptionInfo, Word
 
 MEDIAN_WIDTH = 7  # encoder frames (20 ms each) of the median filter
-PREPEND = "\"'“¿([{-"  # punctuation that joins the word after it
-APPEND = "\"'.。,，!！?？:：”)]}、"  # punctuation that joins the word before it
+PREPEND = TranscribeOptions.prepend_punctuations  # default: punctuation joining the word after it
+APPEND = TranscribeOptions.append_punctuations  # default: punctuation joining the word before it
 SENTENCE_END = ".。!！?？"
 UNSPACED = frozenset({"zh", "ja", "th", "lo", "my", "yue"})  # split at characters, not spaces
 MAX_MEDIAN = 0.7  # s: the median word length used by the heuristics is at most this
@@ -220,12 +220,12 @@ def split_words(tok, tokens: list[int], language: str | None) -> list[tuple[str,
     return words
 
 
-def merge_punctuation(words: list[_Timed]) -> list[_Timed]:
-    """Punctuation in PREPEND joins the word after it, in APPEND the word before it; the
+def merge_punctuation(words: list[_Timed], prepend: str = PREPEND, append: str = APPEND) -> list[_Timed]:
+    """Punctuation in `prepend` joins the word after it, in `append` the word before it; the
     word keeps its own times."""
     out: list[_Timed] = []
     for w in reversed(words):  # " (" + "word"
-        if out and w.text.startswith(" ") and w.text.strip() in PREPEND:
+        if out and w.text.startswith(" ") and w.text.strip() in prepend:
             nxt = out[-1]
             out[-1] = replace(nxt, text=w.text + nxt.text, tokens=w.tokens + nxt.tokens)
         else:
@@ -233,7 +233,7 @@ def merge_punctuation(words: list[_Timed]) -> list[_Timed]:
     out.reverse()
     merged: list[_Timed] = []
     for w in out:  # "word" + ","
-        if merged and not merged[-1].text.endswith(" ") and w.text in APPEND:
+        if merged and not merged[-1].text.endswith(" ") and w.text in append:
             prev = merged[-1]
             merged[-1] = replace(prev, text=prev.text + w.text, tokens=prev.tokens + w.tokens)
         else:
@@ -254,6 +254,7 @@ class WordTimer:
 
     def __init__(self, pair, options: TranscribeOptions, info: TranscriptionInfo) -> None:
         self.pair, self.task = pair, options.decode.task
+        self.punctuation = (options.prepend_punctuations, options.append_punctuations)
         self.info = info  # its language (given or detected) and duration
         self.windows: dict[int, tuple[TokenTimes, float]] = {}  # window -> (times, median word s)
         self.cursor: dict[int, int] = {}  # window -> first token not yet given to a segment
@@ -276,6 +277,11 @@ class WordTimer:
     def attach(self, segments: list[Segment]) -> list[Segment]:
         """The segments (each cut from a window given to `add`) with `words`, bounds refined."""
         return [self._one(s) for s in segments]
+
+    def forget(self, n: int) -> None:
+        """Forgets the last `n` segments given words (dropped as heard in silence): the pause before
+        the next segment's first word is then measured from the speech before them."""
+        del self.spans[len(self.spans) - n :]
 
     def _locate(self, seg: Segment, times: TokenTimes) -> int | None:
         """Where the segment's text tokens sit in its window's: the match after the last one
@@ -306,7 +312,7 @@ class WordTimer:
                     w.end = w.start + longest
                 elif w.duration > longest and prev.text in SENTENCE_END:
                     w.start = w.end - longest
-        words = merge_punctuation(words)
+        words = merge_punctuation(words, *self.punctuation)
         start, end = seg.start, seg.end
         if words:
             first, last = words[0], words[-1]

@@ -1,6 +1,7 @@
 """specasr: Whisper transcription with exact speculative decoding.
 
     from specasr import load_pair, transcribe, DecodeOptions, TranscribeOptions
+    from specasr import WhisperModel  # faster-whisper's call shape (specasr/model.py)
 
 The names below are imported lazily, on first use, so `import specasr` (and the CLI's
 `--help`) stays fast.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "DecodeResult": "specasr.results",
     "Segment": "specasr.results",
     "TranscriptionInfo": "specasr.results",
+    "WhisperModel": "specasr.model",
 }
 __all__ = sorted(_EXPORTS)
 

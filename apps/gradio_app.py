@@ -4,27 +4,33 @@ speculative-decoding statistics, and compare the mode with autoregressive decodi
 A thin front end: widgets -> `service.Controls` -> `service.run` / `service.compare` -> widgets.
 The models load once (or come in preloaded) and every request shares them; a queue limits how
 many decode at once. Errors reach the page as messages, never as tracebacks. Uploads and
-recordings stay in Gradio's temporary directory (GRADIO_TEMP_DIR); the app writes no files.
-Live streaming is not offered: a transcript of a growing prefix is not the final transcript.
+recordings stay in Gradio's temporary directory (GRADIO_TEMP_DIR), and so do the transcript
+files offered for download (`service.Downloads`): Gradio serves them from there without a copy,
+and they go when the server stops. Live streaming is not offered: a transcript of a growing
+prefix is not the final transcript.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import warnings
+import weakref
 from dataclasses import fields
 
 import gradio as gr
 
 from specasr.audio import AudioWarning
-from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MODES
+from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MODES, STRATEGIES
 
 from .service import (
+    PROMPT_CHARS,
     TOKEN_KINDS,
     AppOptions,
     Controls,
+    Downloads,
     accepted_per_step,
     compare,
     load_input,
@@ -37,13 +43,15 @@ __all__ = ["build_app", "launch"]
 
 log = logging.getLogger(__name__)
 _DEFAULT = Controls()
+_DOWNLOADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # app -> its Downloads, for `launch`
 _GAMMA_MAX = _DEFAULT.options().decode.gamma_max
 _INTRO = """# specasr: Whisper with speculative decoding
 Record or upload speech, pick a verifier mode and **Transcribe**: the transcript shows which
 tokens the draft proposed and the target accepted. **Compare** runs autoregressive decoding (the
 target alone) and the chosen mode on the same audio, three times each, and shows the median
 speedup. At temperature 0, `baseline` and `exact` give the target's greedy transcript token for
-token; `sigmoid` is a lossy approximation."""
+token; `sigmoid` is a lossy approximation. Each transcript downloads as txt, srt, vtt, tsv and json;
+**Advanced** holds the prompts, VAD, the long-form strategy and word timestamps."""
 
 
 def _user_errors(handler):
@@ -125,6 +133,27 @@ def _control_widgets(pair) -> dict[str, gr.components.Component]:
         with gr.Row():
             widgets["timestamps"] = gr.Checkbox(value=_DEFAULT.timestamps, label="Segment timestamps")
             widgets["seed"] = gr.Number(_DEFAULT.seed, precision=0, label="Seed (sampling)")
+    with gr.Accordion("Advanced", open=False):
+        with gr.Row():
+            widgets["strategy"] = gr.Radio(
+                list(STRATEGIES), value=_DEFAULT.strategy, label="Long-form strategy", elem_id="strategy"
+            )
+            widgets["vad"] = gr.Checkbox(value=_DEFAULT.vad, label="Voice activity detection (Silero)")
+            widgets["word_timestamps"] = gr.Checkbox(
+                value=_DEFAULT.word_timestamps, label="Word timestamps (in the downloads)"
+            )
+        widgets["initial_prompt"] = gr.Textbox(
+            _DEFAULT.initial_prompt,
+            label="Initial prompt (text before the audio: style, spelling)",
+            max_length=PROMPT_CHARS,
+            elem_id="initial_prompt",
+        )
+        widgets["hotwords"] = gr.Textbox(
+            _DEFAULT.hotwords,
+            label="Hotwords (prompt every window: names, terms)",
+            max_length=PROMPT_CHARS,
+            elem_id="hotwords",
+        )
     return widgets
 
 
@@ -141,7 +170,7 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
 
     def on_transcribe(audio, *values):
         controls = Controls(*values)
-        controls.options()  # bad values are refused before the audio is decoded
+        controls.checked(pair.tokenizer)  # bad values are refused before the audio is decoded
         result = run(pair, _load(audio, options), controls)
         stats = "| statistic | value |\n|---|---|\n" + "\n".join(
             f"| {k} | {v} |" for k, v in result.stats_rows()
@@ -151,11 +180,12 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
             stats,
             token_spans(pair, result),
             _accepted_plot(result),
+            downloads.write(result, audio),
         )
 
     def on_compare(audio, *values):
         controls = Controls(*values)
-        controls.options()
+        controls.checked(pair.tokenizer)
         comparison = compare(pair, _load(audio, options), controls)
         left, right = word_diff(comparison.reference.text, comparison.candidate.text)
         return (
@@ -166,6 +196,8 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
 
     draft = f", draft `{pair.draft_name}`" if pair.draft is not None else ", no draft (autoregressive only)"
     with gr.Blocks(title="specasr", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        os.makedirs(demo.GRADIO_CACHE, exist_ok=True)
+        downloads = _DOWNLOADS[demo] = Downloads(demo.GRADIO_CACHE)
         gr.Markdown(_INTRO + f"\n\nModels: target `{pair.target_name}`{draft}, on {pair.device}.")
         with gr.Row():
             with gr.Column():
@@ -181,6 +213,7 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
                     compare_button = gr.Button("Compare with autoregressive", elem_id="compare")
             with gr.Column():
                 transcript = gr.Textbox(label="Transcript", lines=6, buttons=["copy"], elem_id="transcript")
+                files = gr.File(label="Download the transcript", file_count="multiple", elem_id="downloads")
                 stats = gr.Markdown(elem_id="stats")
                 speculation = gr.HighlightedText(
                     label="Where each token came from",
@@ -207,7 +240,7 @@ def build_app(pair=None, options: AppOptions = AppOptions()) -> gr.Blocks:  # no
         transcribe_button.click(
             _user_errors(on_transcribe),
             inputs,
-            [transcript, stats, speculation, accepted],
+            [transcript, stats, speculation, accepted, files],
             api_name="transcribe",
             **shared,
         )
@@ -228,7 +261,18 @@ def launch(
     block: bool = True,
 ):
     """Serves `demo` on host:port (loopback unless told otherwise; a public share link only
-    when asked). block=False returns at once, the server running in a thread."""
+    when asked). block=False returns at once, the server running in a thread. The app's
+    download files go when the server stops (`demo.close()`, Ctrl-C)."""
+    downloads = _DOWNLOADS.get(demo)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        try:
+            yield
+        finally:
+            if downloads is not None:
+                downloads.close()
+
     return demo.launch(
         server_name=host,
         server_port=port,
@@ -240,4 +284,5 @@ def launch(
         mcp_server=False,
         run_history=False,  # it keeps requests in the browser, or sends them to a Hub bucket
         quiet=not block,
+        app_kwargs={"lifespan": lifespan},
     )

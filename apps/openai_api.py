@@ -21,6 +21,7 @@ from specasr.options import (
     MODES,
     SEED_LIMIT,
     STRATEGIES,
+    WHISPER_DEFAULTS,
     front_end_options,
 )
 from specasr.writers import FORMATS, SubtitleOptions
@@ -192,6 +193,15 @@ def _text(name: str, text: str) -> str:
     return text
 
 
+def _optional(parse):
+    """`parse`, or None for `none` (a threshold turned off)."""
+
+    def optional(name: str, text: str):
+        return None if text.strip().lower() == "none" else parse(name, text)
+
+    return optional
+
+
 def _outputs(name: str, text: str) -> tuple[str, ...]:
     names = [f.strip() for f in text.split(",") if f.strip()]
     unknown = [f for f in names if f not in FORMATS]
@@ -225,6 +235,23 @@ FIELDS = {
     "max_line_count": _number(int, 1),
     "highlight_words": _bool,
     "outputs": _outputs,
+    # Whisper's decoding options (`specasr.options.WHISPER_DEFAULTS`; OpenAI's `prompt` is the
+    # initial prompt); lists as openai-whisper's strings, checked by `front_end_options`
+    "prefix": _text,
+    "hotwords": _text,
+    "condition_on_previous_text": _bool,
+    "compression_ratio_threshold": _optional(_number(float, 0)),
+    "logprob_threshold": _optional(_number(float, None, 0)),
+    "no_speech_threshold": _optional(_number(float, 0, 1)),
+    "max_initial_timestamp": _optional(_number(float, 0, 30)),
+    "suppress_tokens": _text,
+    "clip_timestamps": _text,
+    "hallucination_silence_threshold": _number(float, 0, low_open=True),
+    "prepend_punctuations": _text,
+    "append_punctuations": _text,
+    "language_detection_threshold": _number(float, 0, 1),
+    "language_detection_segments": _number(int, 1, 100),
+    "vad_max_speech": _number(float, 0, low_open=True),
 }
 _LISTS = {"timestamp_granularities[]"}  # fields that may be given more than once
 _SPELLINGS = {"timestamp_granularities": "timestamp_granularities[]"}
@@ -242,6 +269,7 @@ _OPTION_FIELDS = (
     "vad_min_silence",
     "seed",
     "without_timestamps",
+    *(name for name in WHISPER_DEFAULTS if name != "initial_prompt"),
 )
 
 

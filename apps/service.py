@@ -1,26 +1,33 @@
 """What the app does with a request, with no Gradio in it: limits, options, runs, comparisons.
 
 The Gradio layer (gradio_app.py) turns its widgets' values into `Controls`, calls `load_input`
-and then `run` or `compare`, and shows what they return. Decoding itself is the library's
-`transcribe`; nothing here decodes.
+and then `run` or `compare`, and shows what they return; `Downloads` writes a run's transcript
+files. Decoding itself is the library's `transcribe`; nothing here decodes.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import difflib
 import os
+import re
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from specasr.constants import SAMPLE_RATE
+from specasr.constants import N_TEXT_CTX, SAMPLE_RATE
 from specasr.options import (
     DETECT_LANGUAGE,
     GAMMA_LIMIT,
     MAX_TEMPERATURE,
     SEED_LIMIT,
+    STRATEGIES,
     TranscribeOptions,
+    VadOptions,
     fallback_schedule,
     language_of,
 )
@@ -33,6 +40,11 @@ if TYPE_CHECKING:  # types only: `specasr app --help` does not load torch
 MIB = 2**20
 _TRANSCRIBE = TranscribeOptions()
 _DECODE = _TRANSCRIBE.decode
+# A window's start sequence keeps the last N_TEXT_CTX // 2 - 1 = 223 prompt tokens, hotwords
+# first: a longer initial prompt would lose its start without a word. The character bound is
+# checked before tokenizing (a request can send any text): 223 tokens of prose is ~1000 characters.
+PROMPT_TOKENS = N_TEXT_CTX // 2 - 1
+PROMPT_CHARS = 2000
 
 
 def _ratio(value: float, proposed: int) -> str:
@@ -67,6 +79,11 @@ class Controls:
     task: str = _DECODE.task  # transcribe | translate
     timestamps: bool = _DECODE.timestamps  # decode timestamp tokens and show segment times
     seed: int = _DECODE.seed  # seeds sampling (temperature > 0)
+    strategy: str = _TRANSCRIBE.strategy  # sequential (Whisper's seek loop) | chunked (batched spans)
+    vad: bool = False  # decode only the speech Silero VAD finds (VadOptions' defaults)
+    word_timestamps: bool = _TRANSCRIBE.word_timestamps  # time every word (json words, word-timed cues)
+    initial_prompt: str = ""  # text prompting the first window (every window when chunked)
+    hotwords: str = ""  # words prompting every window: names and terms to spell as given
 
     def options(self) -> TranscribeOptions:
         """The long-form options these controls stand for; ValueError names a bad value."""
@@ -77,6 +94,8 @@ class Controls:
         if not 0 <= float(self.temperature) <= MAX_TEMPERATURE:
             message = f"The temperature must be from 0 to {MAX_TEMPERATURE:g}; got {self.temperature}."
             raise InputError(message)
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"The strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}.")
         decode = replace(
             _DECODE,
             mode=self.mode,
@@ -91,7 +110,29 @@ class Controls:
             seed=seed,
             timing=True,  # the statistics table shows the verifier time
         )
-        return replace(_TRANSCRIBE, decode=decode, temperatures=fallback_schedule(float(self.temperature)))
+        return replace(
+            _TRANSCRIBE,
+            decode=decode,
+            temperatures=fallback_schedule(float(self.temperature)),
+            strategy=self.strategy,
+            vad=VadOptions() if self.vad else None,
+            word_timestamps=bool(self.word_timestamps),
+            initial_prompt=_prompt("initial prompt", self.initial_prompt),
+            hotwords=_prompt("hotwords", self.hotwords),
+        )
+
+    def checked(self, tokenizer) -> TranscribeOptions:
+        """`options`, with the prompts measured in the model's tokens (PROMPT_TOKENS at most)."""
+        from specasr.longform.windows import hotword_tokens, initial_prompt_tokens  # torch
+
+        options = self.options()
+        n = len(hotword_tokens(tokenizer, options)) + len(initial_prompt_tokens(tokenizer, options))
+        if n > PROMPT_TOKENS:
+            raise InputError(
+                f"The initial prompt and hotwords are {n} tokens together; Whisper keeps at most "
+                f"{PROMPT_TOKENS}, so shorten them."
+            )
+        return options
 
 
 class InputError(ValueError):
@@ -108,6 +149,17 @@ def _seed(value) -> int:
     if seed != value or not 0 <= seed < SEED_LIMIT:
         raise InputError(message)
     return seed
+
+
+def _prompt(label: str, text) -> str | None:
+    """A prompt box's text -> the option (None when blank), within PROMPT_CHARS."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise InputError(f"The {label} must be text; got {text!r}.")
+    if len(text) > PROMPT_CHARS:
+        raise InputError(f"The {label} is {len(text)} characters; this app takes up to {PROMPT_CHARS}.")
+    return text.strip() or None
 
 
 def load_input(path: str | None, limits: AppOptions) -> np.ndarray:
@@ -184,11 +236,43 @@ def run(pair, samples: np.ndarray, controls: Controls) -> Run:
     """Transcribes samples (float32 mono 16 kHz) with the models shared by every request."""
     from specasr.transcription import transcribe
 
-    options = controls.options()
+    options = controls.checked(pair.tokenizer)
     t0 = time.perf_counter()
     segments, info = transcribe(samples, pair, options, source_rate=SAMPLE_RATE)
     done = list(segments)
     return Run(controls.mode, done, info, time.perf_counter() - t0)
+
+
+class Downloads:
+    """A run's transcript in every `specasr.writers` format, for download: one fresh folder per
+    request (two requests never share a name) under one root, which `close` removes, as does
+    the process's exit. A folder older than `keep_s` is removed at the next request."""
+
+    def __init__(self, parent: str | None = None, keep_s: float = 3600.0) -> None:
+        self.root = tempfile.mkdtemp(prefix="specasr-downloads-", dir=parent)
+        self.keep_s = keep_s
+        atexit.register(self.close)
+
+    def write(self, result: Run, name: str | None = None) -> list[str]:
+        """The files `<stem>.<fmt>`, stem from `name` (the upload's file name) or "transcript"."""
+        from specasr.writers import FORMATS, write
+
+        os.makedirs(self.root, exist_ok=True)  # again after `close`: a relaunched app serves on
+        self._prune()
+        stem = re.sub(r"[^\w.-]+", "_", os.path.splitext(os.path.basename(name or ""))[0])[:100]
+        folder = tempfile.mkdtemp(dir=self.root)
+        return [str(p) for p in write(result.segments, result.info, stem or "transcript", folder, FORMATS)]
+
+    def _prune(self) -> None:
+        cutoff = time.time() - self.keep_s
+        for path in os.listdir(self.root):
+            path = os.path.join(self.root, path)
+            with contextlib.suppress(FileNotFoundError):  # a concurrent request pruned it first
+                if os.lstat(path).st_mtime < cutoff:
+                    shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 COMPARE_RUNS = 3  # "Compare" times each side this many times and reports the medians

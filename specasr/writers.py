@@ -125,6 +125,17 @@ def _clock(seconds: float, decimal: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{decimal}{ms:03d}"
 
 
+def segment_line(start: float, end: float, text: str) -> str:
+    """A segment as `--verbose` prints it (openai-whisper's form): [MM:SS.mmm --> MM:SS.mmm] text,
+    hours shown once they are reached."""
+
+    def clock(seconds: float) -> str:
+        hms = _clock(seconds, ".")
+        return hms[3:] if hms.startswith("00:") else hms
+
+    return f"[{clock(start)} --> {clock(end)}] {_flat(text)}"
+
+
 def _flat(text: str) -> str:
     """One line: newlines and tabs would break a txt line or a tsv row."""
     return " ".join(text.split())

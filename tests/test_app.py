@@ -19,6 +19,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from specasr.apps.gradio_app import build_app, launch
 from specasr.apps.service import AppOptions, Controls
+from test_app_service import _srt_cues
 
 from specasr.eval.metric import wer
 from specasr.options import MODES
@@ -68,7 +69,7 @@ def server(base_pair, upload_dir):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return Client(server, verbose=False)
+    return Client(server, verbose=False, download_files=False)  # the transcript files stay served
 
 
 def _clip(librivox, suffix):
@@ -98,7 +99,8 @@ def test_every_mode_transcribes_a_fixture_over_http(client, librivox, upload_dir
     clip = _clip(librivox, "0890")
     texts = {}
     for mode in MODES:
-        transcript, stats, speculation, accepted = _transcribe(client, clip.path, mode=mode)
+        transcript, stats, speculation, accepted, files = _transcribe(client, clip.path, mode=mode)
+        assert sorted(Path(f["path"]).suffix for f in files) == [".json", ".srt", ".tsv", ".txt", ".vtt"]
         match = re.fullmatch(r"\[0\.00 → (\d+\.\d\d)\] (.+)", transcript)
         assert match, transcript
         assert 4.0 < float(match[1]) <= 5.4  # the clip is 5.3 s long
@@ -134,7 +136,7 @@ def test_every_mode_transcribes_a_fixture_over_http(client, librivox, upload_dir
 
 def test_toggles_reach_the_decoder(client, librivox):
     clip = _clip(librivox, "0880")
-    transcript, stats, _, _ = _transcribe(
+    transcript, stats, *_ = _transcribe(
         client, clip.path, mode="exact", timestamps=False, gamma_policy="fixed", gamma=3, language="auto"
     )
     assert not transcript.startswith("[") and wer([clip.text], [transcript]) <= 0.1, transcript
@@ -146,6 +148,45 @@ def test_toggles_reach_the_decoder(client, librivox):
     assert sampled.strip()
     with pytest.raises(AppError, match=r"The seed must be a whole number from 0 to 9223372036854775807"):
         _transcribe(client, clip.path, mode="exact", temperature=1.0, seed=2**70)
+
+
+def test_prompts_and_word_timestamps_give_downloads_that_go_with_the_app(
+    base_pair, librivox, upload_dir, tmp_path
+):
+    """Hotwords reach the decoder ("Mister" over base's "Mr."), word timestamps reach the
+    downloads, and the app's download folder goes when its server stops."""
+    clip = _clip(librivox, "0870")  # 7.1 s: over this module's LIMITS, so an app of its own
+    before = set(upload_dir.glob("specasr-downloads-*"))
+    demo = build_app(base_pair)
+    _, url, _ = launch(demo, port=_free_port(), block=False)
+    try:
+        (root,) = set(upload_dir.glob("specasr-downloads-*")) - before
+        client = Client(url, verbose=False, download_files=str(tmp_path))
+        outputs = _transcribe(
+            client,
+            clip.path,
+            mode="autoregressive",
+            hotwords="Mister",
+            word_timestamps=True,
+            timestamps=False,
+        )
+        served = sorted(root.rglob("*.*"))
+        assert [p.name for p in served] == [
+            f"{clip.path.stem}.{f}" for f in ("json", "srt", "tsv", "txt", "vtt")
+        ]
+    finally:
+        demo.close()
+    transcript, files = outputs[0], {Path(f).suffix[1:]: Path(f).read_text() for f in outputs[4]}
+    assert "Mister John Dashwood" in transcript and wer([clip.text], [transcript]) <= 0.1, transcript
+    doc = json.loads(files["json"])
+    assert doc["text"] == transcript and doc["info"]["model"] == "base"
+    words = [w for s in doc["segments"] for w in s["words"]]
+    assert "".join(w["word"] for w in words).strip() == transcript
+    assert all(0 <= w["start"] <= w["end"] <= 7.2 for w in words) and words[-1]["end"] > 5
+    cues = _srt_cues(files["srt"])
+    assert " ".join(text for _, _, text in cues).split() == transcript.split()
+    assert files["vtt"].startswith("WEBVTT\n\n") and files["txt"].split() == transcript.split()
+    assert not root.exists() and not any(p.exists() for p in served)  # gone with the server
 
 
 def test_compare_shows_both_transcripts_and_the_speedup(client, librivox):

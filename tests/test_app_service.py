@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 from click.testing import CliRunner
-from specasr.apps.service import AppOptions, Controls, InputError, load_input, word_diff
+from specasr.apps import service
+from specasr.apps.service import (
+    PROMPT_TOKENS,
+    AppOptions,
+    Controls,
+    Downloads,
+    InputError,
+    Run,
+    load_input,
+    word_diff,
+)
 
 from specasr.cli import main
-from specasr.options import FALLBACK_TEMPERATURES, TranscribeOptions
+from specasr.models.loading import offline_files
+from specasr.options import FALLBACK_TEMPERATURES, TranscribeOptions, VadOptions
+from specasr.results import Segment, TranscriptionInfo, Word
+from specasr.stats import DecodeStats
+from specasr.tokenizer import Tokenizer
 
 
 def test_controls_map_onto_the_library_options():
@@ -34,6 +50,11 @@ def test_controls_map_onto_the_library_options():
         task="translate",
         timestamps=False,
         seed=7.0,
+        strategy="chunked",
+        vad=True,
+        word_timestamps=True,
+        initial_prompt="  Mister Dashwood spoke.\n",
+        hotwords="Dashwood Norland",
     ).options()
     d = opts.decode
     assert (d.mode, d.gamma_policy, d.gamma, d.gamma_max) == ("sigmoid", "fixed", 12, 16)
@@ -41,8 +62,97 @@ def test_controls_map_onto_the_library_options():
     assert d.sigmoid_scale == (-4.0, 6.0) and d.language == "de" and d.task == "translate"
     assert d.timestamps is False and d.seed == 7
     assert opts.temperatures[0] == 0.5 and opts.temperatures[-1] <= 1.0
+    assert opts.strategy == "chunked" and opts.vad == VadOptions() and opts.word_timestamps is True
+    assert opts.initial_prompt == "Mister Dashwood spoke." and opts.hotwords == "Dashwood Norland"
+    assert (default.strategy, default.vad, default.word_timestamps) == ("sequential", None, False)
+    blank = Controls(initial_prompt="  ", hotwords="").options()  # an empty box prompts nothing
+    assert blank.initial_prompt is None and blank.hotwords is None
     with pytest.raises(ValueError, match="α < β"):
         Controls(sigmoid_alpha=1, sigmoid_beta=1).options()
+
+
+def test_bad_strategy_and_prompts_too_long_are_refused():
+    with pytest.raises(InputError, match=r"The strategy must be one of sequential, chunked; got 'greedy'"):
+        Controls(strategy="greedy").options()
+    with pytest.raises(InputError, match=r"The hotwords is 2001 characters; this app takes up to 2000"):
+        Controls(hotwords="x" * 2001).options()
+    with pytest.raises(InputError, match="The initial prompt must be text"):
+        Controls(initial_prompt=5).options()
+    # in the base model's own tokens: 223 fit, the 224th would push the prompt's start out
+    tok = Tokenizer.from_file(offline_files("base").tokenizer)
+    words = " ".join(["hello"] * PROMPT_TOKENS)
+    assert len(tok.encode(" " + words)) == PROMPT_TOKENS == 223
+    assert Controls(initial_prompt=words).checked(tok).initial_prompt == words
+    with pytest.raises(InputError, match=r"are 224 tokens together; Whisper keeps at most 223"):
+        Controls(initial_prompt=words, hotwords="hello").checked(tok)
+    with pytest.raises(InputError, match=r"are 224 tokens together"):
+        Controls(initial_prompt=words + " hello").checked(tok)
+
+
+def _word_timed_run() -> Run:
+    stats = DecodeStats()
+    words = [
+        [Word(" Hello", 0.5, 0.9, 0.9), Word(" there.", 0.9, 1.4, 0.8)],
+        [Word(" Mister", 2.0, 2.4, 0.7)],
+    ]
+    segments = [
+        Segment(
+            i, w[0].start, w[-1].end, "".join(x.word for x in w), [], -0.2, 1.1, 0.01, 0.0, 0, stats, words=w
+        )
+        for i, w in enumerate(words)
+    ]
+    info = TranscriptionInfo("en", False, 3.0, TranscribeOptions(word_timestamps=True), "base", None, stats)
+    return Run("exact", segments, info, 1.0)
+
+
+def _srt_cues(text: str) -> list[tuple[str, str, str]]:
+    """(start, end, text) of each srt cue, checking the numbering and timing lines."""
+    cues = []
+    for n, block in enumerate(text.strip().split("\n\n"), start=1):
+        number, timing, *lines = block.split("\n")
+        match = re.fullmatch(r"(\d\d:\d\d:\d\d,\d{3}) --> (\d\d:\d\d:\d\d,\d{3})", timing)
+        assert number == str(n) and match and lines, block
+        cues.append((match[1], match[2], " ".join(lines)))
+    return cues
+
+
+def test_downloads_are_every_format_and_go_when_closed(tmp_path):
+    downloads = Downloads(str(tmp_path), keep_s=3600)
+    result = _word_timed_run()
+    paths = [Path(p) for p in downloads.write(result, "/uploads/abc/my talk (1).wav")]
+    assert sorted(p.name for p in paths) == [f"my_talk_1_.{f}" for f in ("json", "srt", "tsv", "txt", "vtt")]
+    files = {p.suffix[1:]: p.read_text() for p in paths}
+    assert all(p.parent.parent == Path(downloads.root) for p in paths)
+    doc = json.loads(files["json"])
+    assert doc["text"] == result.text == "Hello there. Mister"
+    assert [w["word"] for s in doc["segments"] for w in s["words"]] == [" Hello", " there.", " Mister"]
+    assert _srt_cues(files["srt"]) == [
+        ("00:00:00,500", "00:00:01,400", "Hello there."),
+        ("00:00:02,000", "00:00:02,400", "Mister"),
+    ]
+    assert files["vtt"].startswith("WEBVTT\n\n00:00:00.500 --> 00:00:01.400\nHello there.\n")
+    assert files["txt"].split() == result.text.split()
+    again = downloads.write(result)  # a second request: its own folder, the first one kept
+    assert Path(again[0]).name.startswith("transcript.") and Path(again[0]).parent != paths[0].parent
+    assert all(p.is_file() for p in paths)
+    downloads.keep_s = 0  # now stale: the next request removes both earlier folders
+    latest = downloads.write(result)
+    assert not paths[0].parent.exists() and not Path(again[0]).parent.exists()
+    assert [d.name for d in Path(downloads.root).iterdir()] == [Path(latest[0]).parent.name]
+    downloads.close()
+    assert not Path(downloads.root).exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_an_initial_prompt_reaches_the_decoder(base_pair, librivox):
+    """The prompt's spelling carries over: "Mister" turns base's "Mr. John Dashwood" around."""
+    clip = next(c for c in librivox if c.id.endswith("0870"))
+    samples = load_input(str(clip.path), AppOptions())
+    plain = service.run(base_pair, samples, Controls(mode="autoregressive"))
+    assert "Mr. John Dashwood" in plain.text, plain.text
+    prompted = service.run(base_pair, samples, Controls(mode="autoregressive", initial_prompt="Mister"))
+    assert "Mister John Dashwood" in prompted.text, prompted.text
+    assert prompted.info.options.initial_prompt == "Mister"
 
 
 def test_word_diff_labels_what_the_other_side_lacks():

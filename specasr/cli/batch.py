@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import click
 
 from specasr.cli.common import check_loaded
-from specasr.writers import SubtitleOptions
+from specasr.writers import SubtitleOptions, segment_line
 
 if TYPE_CHECKING:
     from specasr.results import Segment, TranscriptionInfo
@@ -99,6 +99,7 @@ class Batch:
         self.t0 = time.perf_counter()
         self.started = time.time()
         self.subtitles: SubtitleOptions | None = None  # srt/vtt layout of word-timed segments
+        self.verbose = False  # print each segment to stderr as it comes (`--verbose`)
 
     def run(self, files: list[str]) -> None:
         from tqdm import tqdm
@@ -193,6 +194,9 @@ class Batch:
 
         try:
             result = self._decode(path) if self.remote is None else self.remote.transcribe(path)
+            if self.verbose and self.remote is not None:  # a server answers with the whole file
+                for (start, end), text in zip(result.spans, result.texts):
+                    click.echo(segment_line(start, end, text), err=True)
             if self.output_dir is not None:
                 texts = {fmt: result.render(fmt, source) for fmt in self.formats}
                 writers.write_rendered(texts, stem, self.output_dir, source)
@@ -227,6 +231,8 @@ class Batch:
         ) as bar:
             for seg in segments:
                 done.append(seg)
+                if self.verbose:  # above the progress bar, on stderr: stdout holds the transcript
+                    bar.write(segment_line(seg.start, seg.end, seg.text), file=sys.stderr)
                 bar.update(round(seg.end, 1) - bar.n)
         return LocalTranscript(done, info, self.subtitles)
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specasr import writers
-from specasr.options import DETECT_LANGUAGE
+from specasr.options import DETECT_LANGUAGE, OFF_WITH_NONE, WHISPER_DEFAULTS
 from specasr.stats import DecodeStats
 
 # The options a server takes, by the CLI's names: `specasr.options.front_end_options` builds
@@ -50,6 +50,7 @@ OPTION_FIELDS = (
     "max_line_width",
     "max_line_count",
     "highlight_words",
+    *WHISPER_DEFAULTS,  # (the initial prompt goes as OpenAI's `prompt`)
 )
 ENDPOINTS = {"transcribe": "/v1/audio/transcriptions", "translate": "/v1/audio/translations"}
 HEALTH_TIMEOUT_S = 10.0  # a server that is up answers /health at once, whatever it is decoding
@@ -90,9 +91,12 @@ def form_fields(given: dict[str, object]) -> dict[str, str]:
     fields = {}
     for name in OPTION_FIELDS:
         value = given.get(name)
+        if name in OFF_WITH_NONE and name in given and value is None:
+            value = "none"  # a threshold turned off
         if value is None or (name == "language" and value == DETECT_LANGUAGE):
             continue
-        fields[name] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        field = "prompt" if name == "initial_prompt" else name
+        fields[field] = ("true" if value else "false") if isinstance(value, bool) else str(value)
     if given.get("word_timestamps"):
         fields["timestamp_granularities[]"] = "word"
     return fields
@@ -146,6 +150,7 @@ class RemoteTranscript:
     stats: DecodeStats
     outputs: dict[str, str]  # format -> text, rendered by the server without a source
     texts: list[str]  # the segments' texts
+    spans: list[tuple[float, float]]  # the segments' (start, end) in seconds
 
     def render(self, fmt: str, source: dict | None) -> str:
         text = self.outputs[fmt]
@@ -249,6 +254,7 @@ class Client:
                 stats=DecodeStats.from_dict((doc.get("speculation") or {}).get("stats") or {}),
                 outputs=outputs,
                 texts=[s["text"] for s in doc["segments"]],
+                spans=[(float(s["start"]), float(s["end"])) for s in doc["segments"]],
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ServerError(f"unexpected answer from {self.url}: {_one_line(repr(e))}") from None

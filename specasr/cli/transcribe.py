@@ -40,6 +40,7 @@ from specasr.cli.common import (
     ray_options,
     ray_settings,
 )
+from specasr.cli.decoding_options import check_suppress_tokens, whisper_options
 from specasr.options import (
     DETECT_LANGUAGE,
     MAX_TEMPERATURE,
@@ -82,7 +83,7 @@ def _expand_inputs(inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
 SERVER_TIMEOUT_S = 3600.0  # a server answers once the whole file is decoded, however long it is
 # what a server fixes when it starts: given with --server, they would be silently ignored
 _SERVER_FIXED = ("model", "draft", "device", "dtype", "compute_type", "ray_address", "workers")
-_SERVER_FIXED += ("cpus_per_worker", "gpus_per_worker")
+_SERVER_FIXED += ("cpus_per_worker", "gpus_per_worker", "threads")
 
 
 def _given(ctx: click.Context, name: str) -> bool:
@@ -252,6 +253,19 @@ def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: s
     is_flag=True,
     help="srt/vtt with --word-timestamps: one cue per word, the spoken word underlined.",
 )
+@whisper_options
+@click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads for the models (0: torch's default, the cores this process may use).",
+)
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Print each segment to stderr as it is decoded: [start --> end] text.",
+)
 @ray_options
 @click.option(
     "--server",
@@ -308,6 +322,9 @@ def transcribe(
     server,
     api_key,
     timeout,
+    threads,
+    verbose,
+    **decoding,  # whisper_options' values, by WHISPER_DEFAULTS' names
 ):
     """Transcribe audio INPUTS (files, directories, globs) of any length.
 
@@ -317,6 +334,7 @@ def transcribe(
     """
     started = time.time()  # outputs written after this by another run are never overwritten
     remote = _remote_settings(server, timeout)
+    check_suppress_tokens(decoding["suppress_tokens"])
     if math.isnan(temperature):  # (a range passes NaN)
         raise click.BadParameter("nan: must be a number from 0 to 1", param_hint="'--temperature'")
     try:
@@ -337,6 +355,7 @@ def transcribe(
             vad_min_silence=vad_min_silence,
             batch_size=batch_size,
             word_timestamps=word_timestamps,
+            **decoding,
         )
         decode = options.decode
     except ValueError as e:
@@ -373,6 +392,10 @@ def transcribe(
         if remote is not None:
             client = _connect(*remote, formats, task, api_key)
         elif ray is None:
+            if threads:
+                from specasr.backends.cpu import set_threads
+
+                set_threads(threads)  # before the load: the fused draft step reads it then
             pair = load_models(model, draft, mode, device, dtype, compute_type)
         for item in unmatched:
             click.echo(f"error: {item}: no such file, or no audio files match", err=True)
@@ -388,6 +411,7 @@ def transcribe(
         )
         batch.started = started
         batch.subtitles = SubtitleOptions(max_line_width, max_line_count, highlight_words)
+        batch.verbose = verbose
         batch.failed += len(unmatched)
         if ray is None:
             batch.run(files)

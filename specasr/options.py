@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from specasr.constants import BACKENDS, MODES
 
 GAMMA_POLICIES = ("auto", "fixed", "adaptive", "analytic", "backoff")
+SAMPLING_RULES = ("coupled", "rejection")
 # the front ends' name for "detect the language" (`DecodeOptions.language` None), the default of
 # the CLI, the app and `transcribe` (`TranscribeOptions`); one window's `DecodeOptions` says "en"
 DETECT_LANGUAGE = "auto"
@@ -48,6 +49,11 @@ class DecodeOptions:
     max_new_tokens: int | None = None  # None = up to the model's 448-token context
     sigmoid_scale: tuple[float, float] = (-1e3, 1e3)  # (α, β) of the sigmoid verifier
     seed: int = 0  # seeds the torch.Generator behind every random draw
+    # how speculation samples (T > 0; decode/race.py): coupled (every token the target's race
+    # winner under noise keyed by (seed, row, position): the autoregressive tokens for the seed,
+    # in every mode) | rejection (Leviathan's rule, the paper's kernels: the same distribution,
+    # other tokens). The sigmoid mode keeps its own approximate rule
+    sampling: str = "coupled"
     suppress_blank: bool = True  # suppress " " and <|endoftext|> as the first sampled token
     suppress_tokens: bool = True  # suppress the model's non-speech tokens (generation config)
     suppress_ids: tuple[int, ...] = ()  # more token ids never to emit, besides (or without) those
@@ -67,6 +73,8 @@ class DecodeOptions:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
+        if self.sampling not in SAMPLING_RULES:
+            raise ValueError(f"sampling must be one of {SAMPLING_RULES}, got {self.sampling!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -93,6 +101,11 @@ class DecodeOptions:
     @property
     def speculative(self) -> bool:
         return self.mode != "autoregressive"
+
+    @property
+    def coupled(self) -> bool:
+        """Whether sampling draws each position's keyed race (`sampling`; not the sigmoid mode)."""
+        return self.sampling == "coupled" and self.mode != "sigmoid"
 
 
 @dataclass(frozen=True)
@@ -331,6 +344,7 @@ def front_end_options(
     gamma: int = DecodeOptions.gamma,
     gamma_policy: str = DecodeOptions.gamma_policy,
     draft_stop: float = DecodeOptions.draft_stop,
+    sampling: str = DecodeOptions.sampling,
     language: str = DETECT_LANGUAGE,
     task: str = "transcribe",
     seed: int = 0,
@@ -366,6 +380,7 @@ def front_end_options(
         gamma=gamma,
         gamma_policy=gamma_policy,
         draft_stop=draft_stop,
+        sampling=sampling,
         language=language_of(language),
         task=task,
         seed=seed,

@@ -158,7 +158,8 @@ def test_the_gamma_policy_hears_the_batch_size_and_every_rows_count(tiny, monkey
 def test_greedy_verify_never_builds_the_drafts_full_rows(tiny, monkeypatch, mode):
     """At T = 0 every mode is argmax matching: the verifier gets broadcast views for q, r and
     the noise instead of γ·V floats per pass, and still keeps the target's greedy tokens.
-    Sampling still builds the draft's rows over V (its q)."""
+    Sampling by the rejection rule still builds the draft's rows over V (its q); the coupled
+    rule's verify is argmax matching on raced rows, which needs no q."""
     from specasr.decode.step import Proposal
 
     built = []
@@ -169,4 +170,7 @@ def test_greedy_verify_never_builds_the_drafts_full_rows(tiny, monkeypatch, mode
     ar = decode(tiny, _mels(2), replace(opts, mode="autoregressive"))
     assert [r.tokens for r in spec] == [r.tokens for r in ar] and not built
     decode(tiny, _mels(1), replace(opts, temperature=1.0, seed=3))
+    assert bool(built) == (mode == "sigmoid")  # (sigmoid keeps its own rule)
+    built.clear()
+    decode(tiny, _mels(1), replace(opts, temperature=1.0, seed=3, sampling="rejection"))
     assert built and set(built) == {tiny.target.config.vocab_size}

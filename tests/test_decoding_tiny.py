@@ -277,9 +277,10 @@ def sampling_setup():
     return pair, mel, opts, exact, bound
 
 
-def test_sampling_matches_target_distribution(sampling_setup):
+@pytest.mark.parametrize("sampling", ["coupled", "rejection"])  # decode/race.py, Leviathan's
+def test_sampling_matches_target_distribution(sampling_setup, sampling):
     pair, mel, opts, exact, bound = sampling_setup
-    counts = _sample_outcomes(pair, mel, opts)
+    counts = _sample_outcomes(pair, mel, replace(opts, sampling=sampling))
     tv = _tv(counts, N_SAMPLES, exact)
     print(f"TV(speculative, target) = {tv:.4f}; bound = {bound:.4f}; outcomes = {len(exact)}")
     assert tv <= bound
@@ -287,6 +288,7 @@ def test_sampling_matches_target_distribution(sampling_setup):
 
 def test_sampling_check_rejects_an_always_accepting_verifier(sampling_setup, monkeypatch):
     pair, mel, opts, exact, bound = sampling_setup
+    opts = replace(opts, sampling="rejection")  # the ratio test's verifier, replaced below
 
     def always_accept(target_logits, draft_logits, draft_tokens, uniforms, noise, **kw):
         gamma = draft_tokens.shape[1]
@@ -301,18 +303,20 @@ def test_sampling_check_rejects_an_always_accepting_verifier(sampling_setup, mon
     assert tv > bound
 
 
-def test_sampling_with_a_draft_dependent_stop_matches_target_distribution(sampling_setup):
+@pytest.mark.parametrize("sampling", ["coupled", "rejection"])  # decode/race.py, Leviathan's
+def test_sampling_with_a_draft_dependent_stop_matches_target_distribution(sampling_setup, sampling):
     """Ending a draft run on the draft's own sample keeps the target's distribution."""
     pair, mel, opts, exact, bound = sampling_setup
-    counts = _sample_outcomes(pair, mel, replace(opts, gamma=3), Hooks(stop=ParityStop()))
+    counts = _sample_outcomes(pair, mel, replace(opts, gamma=3, sampling=sampling), Hooks(stop=ParityStop()))
     tv = _tv(counts, N_SAMPLES, exact)
     print(f"TV(speculative with stops, target) = {tv:.4f}; bound = {bound:.4f}")
     assert tv <= bound
 
 
-def test_autoregressive_sampling_matches_target_distribution(sampling_setup):
+@pytest.mark.parametrize("sampling", ["coupled", "rejection"])  # decode/race.py, Leviathan's
+def test_autoregressive_sampling_matches_target_distribution(sampling_setup, sampling):
     pair, mel, opts, exact, bound = sampling_setup
-    counts = _sample_outcomes(pair, mel, replace(opts, mode="autoregressive"))
+    counts = _sample_outcomes(pair, mel, replace(opts, mode="autoregressive", sampling=sampling))
     assert _tv(counts, N_SAMPLES, exact) <= bound
 
 
@@ -340,7 +344,8 @@ def test_no_speech_prob_is_read_at_the_sot_row_after_a_prompt(tiny, mode):
     assert sot > 0 and result.no_speech_prob == pytest.approx(expected, rel=1e-4, abs=1e-7)
 
 
-def test_sampling_with_a_reduced_vocabulary_draft_matches_target_distribution(sampling_setup):
+@pytest.mark.parametrize("sampling", ["coupled", "rejection"])  # decode/race.py, Leviathan's
+def test_sampling_with_a_reduced_vocabulary_draft_matches_target_distribution(sampling_setup, sampling):
     """A distilled draft proposes from its own columns (`Proposal.columns`): filters, the
     race and the stop read reduced rows, and the verifier gets them back over the whole
     vocabulary. Half the tokens are off its vocabulary, so the residual must carry them."""
@@ -348,7 +353,9 @@ def test_sampling_with_a_reduced_vocabulary_draft_matches_target_distribution(sa
     t = pair.target
     ids = torch.tensor(sorted({pair.tokenizer.eot, *range(0, pair.vocab_size, 2)}))
     reduced = replace(pair, draft=DistilledDraft.from_target(t, (0,), ids).attach(t), shared_encoder=True)
-    counts = _sample_outcomes(reduced, mel, replace(opts, mode="exact"), Hooks(stop=ParityStop()))
+    counts = _sample_outcomes(
+        reduced, mel, replace(opts, mode="exact", sampling=sampling), Hooks(stop=ParityStop())
+    )
     tv = _tv(counts, N_SAMPLES, exact)
     print(f"TV(reduced draft, target) = {tv:.4f}; bound = {bound:.4f}")
     assert tv <= bound

@@ -88,3 +88,31 @@ def test_noise_per_position_and_strided_logits(mode):
         target, draft, tokens, uniforms, noise3, temperature=1.0, mode=mode, backend="torch"
     )
     assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref)
+
+
+@pytest.mark.parametrize("V", _shard([1000, 51865]))
+def test_the_coupled_rule_verifies_on_the_greedy_kernel(V):
+    """The coupled rule (decode/race.py) hands verify the raced rows l / T + G at T = 0: the
+    Triton kernel and the torch path accept exactly the drafts that are the target's race
+    winners, and emit the winner at the first that is not (or the bonus position's)."""
+    from specasr.kernels import verify
+
+    from specasr.decode.race import KeyedRace
+
+    B, G, T = 3, 4, 0.8
+    logits = torch.randn(B, G + 1, V, generator=torch.Generator().manual_seed(V))
+    rows = [b for b in range(B) for _ in range(G + 1)]
+    positions = [i for _ in range(B) for i in range(G + 1)]
+    raced = logits / T + KeyedRace(7, V, torch.device("cpu")).gumbel(rows, positions).view(B, G + 1, V)
+    winners = raced.argmax(-1)  # [B, G+1]
+    draft = winners[:, :G].clone()
+    draft[0, 1] = (draft[0, 1] + 1) % V  # row 0 accepts one, row 1 none, row 2 all
+    draft[1, 0] = (draft[1, 0] + 1) % V
+    uniforms = torch.zeros(B, G)
+    noise = torch.ones(B, V)
+    q = torch.full((B, G, V), float("-inf"))
+    expected = torch.tensor([1, 0, G])
+    for backend in ("triton", "torch"):
+        n, nxt = verify(raced, q, draft, uniforms, noise, temperature=0.0, mode="exact", backend=backend)
+        assert torch.equal(n, expected)
+        assert torch.equal(nxt, winners[torch.arange(B), expected])

@@ -39,6 +39,7 @@ OPTION_FIELDS = (
     "gamma",
     "gamma_policy",
     "draft_stop",
+    "sampling",
     "language",
     "seed",
     "without_timestamps",

@@ -45,6 +45,7 @@ from specasr.options import (
     DETECT_LANGUAGE,
     MAX_TEMPERATURE,
     MODES,
+    SAMPLING_RULES,
     SEED_LIMIT,
     STRATEGIES,
     TranscribeOptions,
@@ -154,6 +155,14 @@ def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: s
     default=DEFAULTS.temperature,
     show_default=True,
     help="First temperature; windows that fail the quality checks retry at +0.2 steps up to 1.0.",
+)
+@click.option(
+    "--sampling",
+    type=click.Choice(SAMPLING_RULES),
+    default=DEFAULTS.sampling,
+    show_default=True,
+    help="T > 0: coupled (every token the target's sample under noise keyed by position: the "
+    "autoregressive transcript for the seed, in every mode) or rejection (Leviathan's rule).",
 )
 @click.option(
     "--language",
@@ -295,6 +304,7 @@ def transcribe(
     gamma_policy,
     draft_stop,
     temperature,
+    sampling,
     language,
     task,
     formats,
@@ -344,6 +354,7 @@ def transcribe(
             gamma=gamma,
             gamma_policy=gamma_policy,
             draft_stop=draft_stop,
+            sampling=sampling,
             language=language,
             task=task,
             seed=seed,

@@ -24,6 +24,7 @@ from specasr.backends.cpu import heap
 from specasr.constants import N_TEXT_CTX, int8_decoder
 from specasr.decode.gamma import make_policy, stored_cost
 from specasr.decode.graphed import device_loop_plan, device_results
+from specasr.decode.race import KeyedRace
 from specasr.decode.runners import make_runner, prompt_tail
 from specasr.decode.step import Batch, Hooks, SpeculativeStep, StepContext, target_step
 from specasr.decode.stop import make_stop
@@ -52,7 +53,10 @@ class DecodeLoop:
         )
         clock = Clock(stats, pair.device, options.timing or self.policy.wants_times)
         gen = torch.Generator(device=pair.device).manual_seed(options.seed)
-        self.ctx = StepContext(pair, options, task, stats, clock, gen)
+        race = None
+        if options.temperature > 0 and options.coupled:
+            race = KeyedRace(options.seed, pair.vocab_size, pair.device)
+        self.ctx = StepContext(pair, options, task, stats, clock, gen, race)
 
     def run(self, target_states: Tensor, draft_states: Tensor | None) -> Batch:
         """target_states [B, 1500, d_target]; draft_states [B, 1500, d_draft], or None for
@@ -81,6 +85,9 @@ class DecodeLoop:
                 target_step(ctx, batch, target)
             else:  # (the room left in the cache for the longest row's γ is >= 1)
                 self._speculative(step, batch, gamma)
+            if ctx.race is not None:  # positions decoded for good need no noise any more
+                for r in batch.active:
+                    ctx.race.forget(r, len(batch.seqs[r]))
             before = len(batch.active)
             kept = batch.finish(pair.tokenizer.eot, task.limit)
             if kept and len(kept) < before:

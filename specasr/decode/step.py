@@ -38,6 +38,7 @@ from torch import Tensor
 
 from specasr import kernels
 from specasr.decode.filters import LogitFilter, apply_filters, on_vocab
+from specasr.decode.race import KeyedRace, race_pick
 from specasr.decode.runners import Runner
 from specasr.decode.stop import DraftStop
 from specasr.decode.task import Task
@@ -174,6 +175,8 @@ class StepContext:
     stats: DecodeStats
     clock: Clock
     gen: torch.Generator
+    # the coupled rule's keyed noise (decode/race.py), when it samples (T > 0); None: draws from `gen`
+    race: KeyedRace | None = None
 
     _draft: tuple = field(default=(), init=False, repr=False)  # (vocab, its filter chain)
 
@@ -186,6 +189,18 @@ class StepContext:
         if not self._draft or self._draft[0] is not vocab:
             self._draft = (vocab, on_vocab(self.task.filters, vocab))
         return self._draft[1]
+
+    def pick(
+        self, logits: Tensor, rows: list[int], positions: list[int], columns: Tensor | None = None
+    ) -> Tensor:
+        """logits [N, C] of rows `rows` at `positions` -> tokens [N] (columns of `logits`;
+        `columns` [C]: the token each scores, for a reduced draft): the argmax at T = 0, else the
+        exponential race, with each position's keyed noise under the coupled rule."""
+        temperature = self.options.temperature
+        if temperature == 0 or self.race is None:
+            return pick(logits, temperature, self.gen)
+        noise = self.race.gumbel(rows, positions)  # [N, V]
+        return race_pick(logits, temperature, noise if columns is None else noise[:, columns])
 
     def first_pass(self, target: Runner, batch: Batch) -> int | None:
         """On the window's first target pass: how many final rows to score so that row 0 is
@@ -205,7 +220,7 @@ def target_step(ctx: StepContext, batch: Batch, target: Runner) -> None:
             batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
         rows = logits[:, -1].contiguous()  # [B, V]
         apply_filters(ctx.filters, rows, contexts)
-    tok = pick(rows, ctx.options.temperature, ctx.gen)  # [B]
+    tok = ctx.pick(rows, batch.active, [len(batch.seqs[r]) for r in batch.active])  # [B]
     for r, t, lp in zip(batch.active, tok.tolist(), token_logprobs(rows, tok).tolist()):
         batch.seqs[r].append(t)  # the cache now holds every token but this newest one
         batch.sum_logprob[r] += lp
@@ -222,7 +237,7 @@ class SpeculativeStep:
     def __call__(self, batch: Batch, gamma: int) -> Pass:
         proposal = self.propose(batch, gamma)
         logits = self.score(batch, proposal)
-        accepted, nxt = self.verify(logits, proposal)
+        accepted, nxt = self.verify(logits, proposal, batch)
         advanced = self.commit(batch, proposal, logits, accepted, nxt)
         return Pass(batch, proposal, accepted, advanced, self.target, self.draft)
 
@@ -240,7 +255,8 @@ class SpeculativeStep:
                 contexts = batch.contexts(proposal.tokens)  # one copy serves the feed and the filters
                 rows = draft(feed(draft, contexts, ctx.pair.device), 1, **reduced)[:, -1].contiguous()
                 apply_filters(filters, rows, contexts)  # rows [B, V], or [B, N]
-                picked = pick(rows, ctx.options.temperature, ctx.gen)  # [B] columns of rows
+                positions = [len(batch.seqs[r]) + i for r in batch.active]
+                picked = ctx.pick(rows, batch.active, positions, proposal.columns)  # [B] columns of rows
                 for j, c in enumerate(picked.tolist()):  # the host-side filters need the tokens
                     proposal.tokens[j].append(c if vocab is None else vocab[c])
                 proposal.logits.append(rows)
@@ -265,13 +281,21 @@ class SpeculativeStep:
             apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
         return logits
 
-    def verify(self, logits: Tensor, proposal: Proposal) -> tuple[list[int], list[int]]:
-        """(accepted count per row, the verifier's next token per row): one device read."""
+    def verify(self, logits: Tensor, proposal: Proposal, batch: Batch) -> tuple[list[int], list[int]]:
+        """(accepted count per row, the verifier's next token per row): one device read. Under
+        the coupled rule (decode/race.py) a sampled pass is argmax matching on the target's raced
+        rows l / T + G, with each position's keyed noise G, as the draft's proposals were picked."""
         ctx, opts = self.ctx, self.ctx.options
         dev = logits.device
         B, gamma, V = logits.shape[0], proposal.gamma, logits.shape[-1]
         draft_tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=dev)  # [B, γ]
-        if opts.temperature > 0:
+        temperature = opts.temperature
+        if temperature > 0 and ctx.race is not None:
+            rows = [r for r in batch.active for _ in range(gamma + 1)]
+            positions = [len(batch.seqs[r]) + i for r in batch.active for i in range(gamma + 1)]
+            noise = ctx.race.gumbel(rows, positions).view(B, gamma + 1, V)
+            logits, temperature = logits.float() / temperature + noise, 0.0  # [B, γ+1, V] raced
+        if temperature > 0:
             uniforms, noise = kernels.make_randomness(B, gamma, V, ctx.gen, dev)
             draft_rows = proposal.full_logits(V)  # [B, γ, V]
         else:  # every mode is argmax matching at T = 0: nothing reads q, r or the noise, so
@@ -286,7 +310,7 @@ class SpeculativeStep:
                 draft_tokens,
                 uniforms,
                 noise,
-                temperature=opts.temperature,
+                temperature=temperature,
                 mode=opts.mode,
                 sigmoid_scale=opts.sigmoid_scale,
                 backend=opts.backend,

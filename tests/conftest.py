@@ -148,3 +148,19 @@ def write_corpus(root: Path, rows) -> Path:
             rec = {"id": f"w-{i}", "path": f"audio/{wav.name}", "source": source, "language": "en"}
             f.write(json.dumps(rec | ({"texts": [text]} if text is not None else {})) + "\n")
     return root
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records (options, prompt) of every decode_states call of the long-form loop."""
+    from specasr.longform import engine as engine_module
+
+    calls = []
+    real = engine_module.decode_states
+
+    def record(pair, target_states, draft_states, options, prompt=None, stats=None):
+        calls.append((options, prompt))
+        return real(pair, target_states, draft_states, options, prompt, stats)
+
+    monkeypatch.setattr(engine_module, "decode_states", record)
+    return calls

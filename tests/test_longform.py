@@ -172,21 +172,7 @@ def test_transcribe_is_lazy(tiny_en_pair, long_audio, monkeypatch):
     assert len(calls) == 1 and info.windows == 1 and first.id == 0
 
 
-# ---- prompts, fallback and silence, through a spy on decode_states -----------------------------
-@pytest.fixture
-def spy(monkeypatch):
-    """Records (options, prompt) of every decode_states call of the long-form loop."""
-    calls = []
-    real = engine_module.decode_states
-
-    def record(pair, target_states, draft_states, options, prompt=None, stats=None):
-        calls.append((options, prompt))
-        return real(pair, target_states, draft_states, options, prompt, stats)
-
-    monkeypatch.setattr(engine_module, "decode_states", record)
-    return calls
-
-
+# ---- prompts, fallback and silence, through a spy on decode_states (conftest's `spy`) -------------
 def test_condition_on_previous_text_and_initial_prompt(tiny_en_pair, long_audio, spy):
     audio = long_audio.samples[: 40 * SR]  # two windows
     tok = tiny_en_pair.tokenizer

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from conftest import with_self_draft
 from specasr.apps.openai_api import Served, parse_request
 
-import specasr.longform.engine as engine_module
 from specasr.cli import main
 from specasr.cli.remote import form_fields
 from specasr.options import (
@@ -44,20 +43,6 @@ def _samples(clip) -> np.ndarray:
     samples, rate = sf.read(str(clip.path), dtype="float32")
     assert rate == SR
     return samples
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """(options, prompt) of every decode of the long-form loop."""
-    calls = []
-    real = engine_module.decode_states
-
-    def record(pair, target_states, draft_states, options, prompt=None, stats=None):
-        calls.append((options, prompt))
-        return real(pair, target_states, draft_states, options, prompt, stats)
-
-    monkeypatch.setattr(engine_module, "decode_states", record)
-    return calls
 
 
 # ---- library --------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ DETECT_LANGUAGE = "auto"
 GAMMA_LIMIT = 16
 MAX_TEMPERATURE = 1.0
 SEED_LIMIT = 2**63  # 0 <= seed < SEED_LIMIT
+# beams (T = 0) and best-of candidates (T > 0) are rows of one batch per window
+MAX_BEAMS = 16
 
 
 def language_of(name: str) -> str | None:
@@ -62,6 +64,14 @@ class DecodeOptions:
     # text every row is forced to begin with (after <|0.00|> with timestamps), decoded on from
     # there; its tokens are part of the result. Long-form decoding forces it on the first window
     prefix: str | None = None
+    # Whisper's search (decode/beam.py): at T = 0 a beam search over this many beams (1: greedy),
+    # ended when round(beam_size * patience) hypotheses have finished; above T = 0, best_of
+    # independent samples per window. Either way the result is the candidate with the highest
+    # sum of log-probs / penalty(length): the length (None) or ((5 + length) / 6) ** length_penalty
+    beam_size: int = 1
+    best_of: int = 1
+    patience: float = 1.0
+    length_penalty: float | None = None
     backend: str = "auto"  # verifier backend: auto | triton | torch
     timing: bool = False  # time the loop's phases into DecodeStats (CUDA: events); off costs nothing
     # CUDA, T = 0: decode in the device loop (`decode.graphed`: one CUDA graph per step, one
@@ -94,6 +104,15 @@ class DecodeOptions:
         mit = self.max_initial_timestamp
         if mit is not None and not (math.isfinite(mit) and 0 <= mit <= 30):
             raise ValueError(f"max_initial_timestamp must be within [0, 30] s or None, got {mit}")
+        for name in ("beam_size", "best_of"):
+            n = getattr(self, name)
+            if not (isinstance(n, int) and 1 <= n <= MAX_BEAMS):
+                raise ValueError(f"{name} must be a whole number in [1, {MAX_BEAMS}], got {n!r}")
+        if not (math.isfinite(self.patience) and self.patience > 0):
+            raise ValueError(f"patience must be a finite number > 0, got {self.patience}")
+        lp = self.length_penalty
+        if lp is not None and not (math.isfinite(lp) and 0 <= lp <= 1):
+            raise ValueError(f"length_penalty must be within [0, 1] or None, got {lp}")
         lo, hi = self.sigmoid_scale
         if not lo < hi:
             raise ValueError(f"sigmoid_scale needs α < β, got {self.sigmoid_scale}")
@@ -101,6 +120,11 @@ class DecodeOptions:
     @property
     def speculative(self) -> bool:
         return self.mode != "autoregressive"
+
+    @property
+    def candidates(self) -> int:
+        """Rows decoded per window: beams at T = 0, samples above."""
+        return self.beam_size if self.temperature == 0 else self.best_of
 
     @property
     def coupled(self) -> bool:
@@ -328,6 +352,10 @@ WHISPER_DEFAULTS = {
     "language_detection_threshold": 0.5,
     "language_detection_segments": 1,
     "vad_max_speech": math.inf,
+    "beam_size": DecodeOptions.beam_size,
+    "best_of": DecodeOptions.best_of,
+    "patience": DecodeOptions.patience,
+    "length_penalty": DecodeOptions.length_penalty,
 }
 OFF_WITH_NONE = (
     "compression_ratio_threshold",
@@ -390,6 +418,10 @@ def front_end_options(
         max_initial_timestamp=w["max_initial_timestamp"],
         suppress_tokens=suppress,
         suppress_ids=suppress_ids,
+        beam_size=w["beam_size"],
+        best_of=w["best_of"],
+        patience=w["patience"],
+        length_penalty=w["length_penalty"],
     )
     vad_options = None
     if vad:

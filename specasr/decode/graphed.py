@@ -464,13 +464,15 @@ DEVICE_GAMMA_TIMESTAMPS = 2
 
 def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | GammaPolicy | None:
     """The γ (0: target only) or γ policy the device loop decodes this task with, or None where
-    the host loop must: not CUDA, T > 0, hooks, phase timing, a start sequence of one token
-    (timestamped English-only), a forced prefix, or `options.device_loop` off. A prompt is fine: the draft
-    reads its last `draft_prompt` tokens, as the host loop's does. "auto" is fixed at
-    `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with timestamps (at most `options.gamma`),
+    the host loop must: not CUDA, T > 0, beam search, hooks, phase timing, a start sequence of
+    one token (timestamped English-only), a forced prefix, or `options.device_loop` off. A
+    prompt is fine: the draft reads its last `draft_prompt` tokens, as the host loop's does.
+    "auto" is fixed at `DEVICE_GAMMA`, or `DEVICE_GAMMA_TIMESTAMPS` with timestamps (at most `options.gamma`),
     "adaptive" adapts from γ up to min(γ_max, 8); "fixed", "backoff" and "analytic" (whose
     costs are a CPU's, or need phase times) are fixed at γ."""
     if not options.device_loop or pair.device.type != "cuda" or options.temperature != 0:
+        return None
+    if options.beam_size > 1:
         return None
     if options.timing or (hooks is not None and (hooks.on_pass or hooks.stop)):
         return None

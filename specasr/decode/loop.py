@@ -22,6 +22,7 @@ from torch import Tensor
 
 from specasr.backends.cpu import heap
 from specasr.constants import N_TEXT_CTX, int8_decoder
+from specasr.decode.beam import BeamSearch, Window, best_of
 from specasr.decode.gamma import make_policy, stored_cost
 from specasr.decode.graphed import device_loop_plan, device_results
 from specasr.decode.race import KeyedRace
@@ -58,26 +59,32 @@ class DecodeLoop:
             race = KeyedRace(options.seed, pair.vocab_size, pair.device)
         self.ctx = StepContext(pair, options, task, stats, clock, gen, race)
 
+    def _runners(self, target_states: Tensor, draft_states: Tensor | None):
+        """The target's runner and the speculative step (None: target only)."""
+        ctx, pair, task = self.ctx, self.pair, self.task
+        with ctx.clock.phase("window_s"):
+            target = make_runner(pair.target, target_states)
+            if draft_states is None:
+                return target, None
+            draft = make_runner(pair.draft, draft_states, target)
+            draft = prompt_tail(draft, task.prompt_len, self.options.draft_prompt)
+        stop = self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature)
+        return target, SpeculativeStep(ctx, target, draft, stop)
+
+    def search(self, target_states: Tensor, draft_states: Tensor | None) -> list[Window]:
+        """Beam search (T = 0, beam_size > 1) over the rows: one `Window` per row, finished."""
+        target, step = self._runners(target_states, draft_states)
+        windows = BeamSearch(self.ctx, target, step).run(target_states.shape[0])
+        self.ctx.clock.flush()
+        return windows
+
     def run(self, target_states: Tensor, draft_states: Tensor | None) -> Batch:
         """target_states [B, 1500, d_target]; draft_states [B, 1500, d_draft], or None for
         target-only decoding -> the finished batch."""
         ctx, pair, task = self.ctx, self.pair, self.task
         batch = Batch.start(task.init, target_states.shape[0])
-        with ctx.clock.phase("window_s"):
-            target = make_runner(pair.target, target_states)
-            draft = None
-            if draft_states is not None:
-                draft = make_runner(pair.draft, draft_states, target)
-                draft = prompt_tail(draft, task.prompt_len, self.options.draft_prompt)
-        runners = [target] + ([draft] if draft is not None else [])
-        step = None
-        if draft is not None:
-            step = SpeculativeStep(
-                ctx,
-                target,
-                draft,
-                self.hooks.stop or make_stop(self.options.draft_stop, self.options.temperature),
-            )
+        target, step = self._runners(target_states, draft_states)
+        runners = [target] + ([step.draft] if step is not None else [])
         while batch.active:
             rows = len(batch.active)
             gamma = 0 if step is None else min(self.policy.next(rows), N_TEXT_CTX - max(batch.lengths))
@@ -173,24 +180,56 @@ def decode_states(
         with timed(stats, "decoder_s", pair.device):
             return device_results(pair, target_states, draft_states, options, task, plan, stats)
     loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
+    drafts = draft_states if options.speculative else None
+    if options.temperature == 0 and options.beam_size > 1:
+        with timed(stats, "decoder_s", pair.device):
+            windows = loop.search(target_states, drafts)
+        begin = len(task.init)  # lengths and log-probs count the sampled tokens
+        best = [w.best(begin, options.length_penalty) for w in windows]
+        rows = [
+            (seq, lp, w.no_speech, ["target"] * (len(seq) - begin)) for (seq, lp), w in zip(best, windows)
+        ]
+        return [_result(pair, task, options, language, stats, *row) for row in rows]
+    n = options.candidates  # best-of: every window sampled n times, as rows of the batch
+    if n > 1:
+        target_states = target_states.repeat_interleave(n, dim=0)
+        drafts = None if drafts is None else drafts.repeat_interleave(n, dim=0)
     with timed(stats, "decoder_s", pair.device):
-        batch = loop.run(target_states, draft_states if options.speculative else None)
-    tok = pair.tokenizer
-    results = []
-    for r in range(len(target_states)):
-        toks = batch.seqs[r][task.sample_begin :]  # the forced prefix, then the sampled tokens
-        text_toks = toks[:-1] if toks and toks[-1] == tok.eot else toks
-        kinds = (["prefix"] * task.forced + batch.kinds[r])[: len(text_toks)]
-        results.append(
-            DecodeResult(
-                tokens=text_toks,
-                text=tok.decode(text_toks),
-                avg_logprob=batch.sum_logprob[r] / (len(text_toks) - task.forced + 1),
-                no_speech_prob=batch.no_speech[r],
-                temperature=options.temperature,
-                language=language,
-                stats=stats,
-                token_kinds=kinds,
-            )
+        batch = loop.run(target_states, drafts)
+    chosen = list(range(len(target_states)))
+    if n > 1:
+        eot = pair.tokenizer.eot
+        lengths = [len(s) - len(task.init) - (s[-1] == eot) for s in batch.seqs]
+        chosen = best_of(batch.sum_logprob, lengths, n, options.length_penalty)
+    return [
+        _result(
+            pair,
+            task,
+            options,
+            language,
+            stats,
+            batch.seqs[r],
+            batch.sum_logprob[r],
+            batch.no_speech[r],
+            batch.kinds[r],
         )
-    return results
+        for r in chosen
+    ]
+
+
+def _result(pair, task: Task, options: DecodeOptions, language, stats, seq, sum_logprob, no_speech, kinds):
+    """One row's DecodeResult: its context `seq`, the sum of its sampled tokens' log-probs
+    (<|endoftext|>'s included), P(<|nospeech|>) and the kind of each sampled token."""
+    tok = pair.tokenizer
+    toks = seq[task.sample_begin :]  # the forced prefix, then the sampled tokens
+    text_toks = toks[:-1] if toks and toks[-1] == tok.eot else toks
+    return DecodeResult(
+        tokens=text_toks,
+        text=tok.decode(text_toks),
+        avg_logprob=sum_logprob / (len(text_toks) - task.forced + 1),
+        no_speech_prob=no_speech,
+        temperature=options.temperature,
+        language=language,
+        stats=stats,
+        token_kinds=(["prefix"] * task.forced + kinds)[: len(text_toks)],
+    )

@@ -43,7 +43,12 @@ class Runner(Protocol):
         ...
 
     def keep(self, rows: list[int]) -> None:
-        """Keep only these batch rows (finished rows stop consuming work)."""
+        """Keep only these batch rows (finished rows stop consuming work); rows may repeat and
+        come in any order (a beam search's first step)."""
+        ...
+
+    def reorder(self, rows: list[int]) -> None:
+        """Row i takes row rows[i]'s cache, for rows on the same encoder states (a beam step)."""
         ...
 
     def cache_prefix(self, row: int) -> list[Tensor]:
@@ -182,6 +187,9 @@ class PromptTail:
 
     def keep(self, rows: list[int]) -> None:
         self.inner.keep(rows)
+
+    def reorder(self, rows: list[int]) -> None:
+        self.inner.reorder(rows)
 
     def cache_prefix(self, row: int) -> list[Tensor]:
         return self.inner.cache_prefix(row)

@@ -228,6 +228,23 @@ def target_step(ctx: StepContext, batch: Batch, target: Runner) -> None:
     ctx.stats.record_step(len(batch.active))
 
 
+def score(ctx: StepContext, target: Runner, batch: Batch, proposal: Proposal) -> Tensor:
+    """The target's filtered logits [B, γ+1, V] on each active row's context followed by its
+    proposal d1 … dγ (γ may be 0): row i was computed after d1 … di."""
+    gamma, B = proposal.gamma, len(batch.active)
+    first = ctx.first_pass(target, batch)
+    with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
+        full = batch.contexts(proposal.tokens)
+        tokens = feed(target, full, ctx.pair.device)  # [B, γ+1], or the start sequence + γ
+        logits = target(tokens, (first + gamma) if first else gamma + 1)  # [B, k, V]
+        if first:
+            batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
+        logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]
+        contexts = [c[: len(c) - gamma + i] for c in full for i in range(gamma + 1)]
+        apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
+    return logits
+
+
 class SpeculativeStep:
     """propose → score → verify → commit, over one batch's target and draft runners."""
 
@@ -267,19 +284,7 @@ class SpeculativeStep:
 
     def score(self, batch: Batch, proposal: Proposal) -> Tensor:
         """The target's filtered logits [B, γ+1, V]: row i was computed after d1 … di."""
-        ctx, target, gamma = self.ctx, self.target, proposal.gamma
-        B = len(batch.active)
-        first = ctx.first_pass(target, batch)
-        with ctx.clock.phase("target_s"), ctx.clock.phase("window_s" if first else None):
-            full = batch.contexts(proposal.tokens)
-            tokens = feed(target, full, ctx.pair.device)  # [B, γ+1], or the start sequence + γ
-            logits = target(tokens, (first + gamma) if first else gamma + 1)  # [B, k, V]
-            if first:
-                batch.set_no_speech(logits, ctx.pair.tokenizer.no_speech)
-            logits = logits[:, -(gamma + 1) :].contiguous()  # [B, γ+1, V]
-            contexts = [c[: len(c) - gamma + i] for c in full for i in range(gamma + 1)]
-            apply_filters(ctx.filters, logits.view(B * (gamma + 1), -1), contexts)
-        return logits
+        return score(self.ctx, self.target, batch, proposal)
 
     def verify(self, logits: Tensor, proposal: Proposal, batch: Batch) -> tuple[list[int], list[int]]:
         """(accepted count per row, the verifier's next token per row): one device read. Under

@@ -413,6 +413,26 @@ class LeanRunner:
         self.lengths = [self.lengths[r] for r in rows]
         self._fused = self._bind_fused()  # its tensors moved; one row left: the C step again
 
+    @torch.inference_mode()
+    def reorder(self, rows: list[int]) -> None:
+        """Row i takes row rows[i]'s self-attention cache and length (rows may repeat; one per
+        row): a beam search's step, whose beams descend from beams of their own window. Rows of
+        one window share their encoder states, so the cross K/V stay where they are. Only the
+        rows that change are written, as far as their sources hold, from a copy of the sources
+        (a row may be a source and a destination)."""
+        if len(rows) != len(self.lengths):
+            raise ValueError(f"reorder takes one source per row ({len(self.lengths)}), got {len(rows)}")
+        moves = [(dst, src) for dst, src in enumerate(rows) if dst != src]
+        if moves:
+            device = self.k[0].device
+            dst = torch.tensor([d for d, _ in moves], device=device)
+            src = torch.tensor([s for _, s in moves], device=device)
+            held = max(self.lengths[s] for _, s in moves)  # positions beyond hold nothing read
+            for cache in self.k + self.v:  # [B, H, 448, dh]
+                view = cache[:, :, :held]
+                view.index_copy_(0, dst, view.index_select(0, src))
+        self.lengths = [self.lengths[s] for s in rows]
+
     def _compact(self, rows: list[int]) -> None:
         """rows ascending: row rows[i] moves to i. Copying in ascending order never overwrites
         a row before it is read (i <= rows[i] < rows[j] for i < j)."""

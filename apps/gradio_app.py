@@ -23,7 +23,7 @@ from dataclasses import fields
 import gradio as gr
 
 from specasr.audio import AudioWarning
-from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MODES, STRATEGIES
+from specasr.options import DETECT_LANGUAGE, GAMMA_POLICIES, MAX_BEAMS, MODES, STRATEGIES
 
 from .service import (
     PROMPT_CHARS,
@@ -51,7 +51,7 @@ tokens the draft proposed and the target accepted. **Compare** runs autoregressi
 target alone) and the chosen mode on the same audio, three times each, and shows the median
 speedup. At temperature 0, `baseline` and `exact` give the target's greedy transcript token for
 token; `sigmoid` is a lossy approximation. Each transcript downloads as txt, srt, vtt, tsv and json;
-**Advanced** holds the prompts, VAD, the long-form strategy and word timestamps."""
+**Advanced** holds the prompts, VAD, the long-form strategy, word timestamps and the beam size."""
 
 
 def _user_errors(handler):
@@ -153,6 +153,14 @@ def _control_widgets(pair) -> dict[str, gr.components.Component]:
             label="Hotwords (prompt every window: names, terms)",
             max_length=PROMPT_CHARS,
             elem_id="hotwords",
+        )
+        widgets["beam_size"] = gr.Slider(
+            1,
+            MAX_BEAMS,
+            value=_DEFAULT.beam_size,
+            step=1,
+            label="Beam size (temperature 0; 1 = greedy)",
+            elem_id="beam_size",
         )
     return widgets
 

@@ -17,6 +17,7 @@ from specasr.options import (
     DETECT_LANGUAGE,
     GAMMA_LIMIT,
     GAMMA_POLICIES,
+    MAX_BEAMS,
     MAX_TEMPERATURE,
     MODES,
     SAMPLING_RULES,
@@ -254,6 +255,11 @@ FIELDS = {
     "language_detection_threshold": _number(float, 0, 1),
     "language_detection_segments": _number(int, 1, 100),
     "vad_max_speech": _number(float, 0, low_open=True),
+    # Whisper's search
+    "beam_size": _number(int, 1, MAX_BEAMS),
+    "best_of": _number(int, 1, MAX_BEAMS),
+    "patience": _number(float, 0, low_open=True),
+    "length_penalty": _optional(_number(float, 0, 1)),
 }
 _LISTS = {"timestamp_granularities[]"}  # fields that may be given more than once
 _SPELLINGS = {"timestamp_granularities": "timestamp_granularities[]"}

@@ -23,6 +23,7 @@ from specasr.constants import N_TEXT_CTX, SAMPLE_RATE
 from specasr.options import (
     DETECT_LANGUAGE,
     GAMMA_LIMIT,
+    MAX_BEAMS,
     MAX_TEMPERATURE,
     SEED_LIMIT,
     STRATEGIES,
@@ -84,11 +85,20 @@ class Controls:
     word_timestamps: bool = _TRANSCRIBE.word_timestamps  # time every word (json words, word-timed cues)
     initial_prompt: str = ""  # text prompting the first window (every window when chunked)
     hotwords: str = ""  # words prompting every window: names and terms to spell as given
+    beam_size: int = _DECODE.beam_size  # beams at temperature 0 (1: greedy)
 
     def options(self) -> TranscribeOptions:
         """The long-form options these controls stand for; ValueError names a bad value."""
         gamma = int(self.gamma)
-        seed = _seed(self.seed)
+        seed = _whole(
+            self.seed,
+            0,
+            SEED_LIMIT - 1,
+            f"The seed must be a whole number from 0 to {SEED_LIMIT - 1} (2**63 - 1)",
+        )
+        beams = _whole(
+            self.beam_size, 1, MAX_BEAMS, f"The beam size must be a whole number from 1 to {MAX_BEAMS}"
+        )
         if not 1 <= gamma <= GAMMA_LIMIT:
             raise InputError(f"γ must be a whole number from 1 to {GAMMA_LIMIT}; got {self.gamma!r}.")
         if not 0 <= float(self.temperature) <= MAX_TEMPERATURE:
@@ -108,6 +118,7 @@ class Controls:
             task=self.task,
             timestamps=bool(self.timestamps),
             seed=seed,
+            beam_size=beams,
             timing=True,  # the statistics table shows the verifier time
         )
         return replace(
@@ -139,16 +150,16 @@ class InputError(ValueError):
     """A request the app cannot serve as asked; the message is meant for the user."""
 
 
-def _seed(value) -> int:
-    """A seed from the widget (an int, or a float from JSON) -> int in [0, 2**63)."""
-    message = f"The seed must be a whole number from 0 to {SEED_LIMIT - 1} (2**63 - 1); got {value!r}."
+def _whole(value, low: int, high: int, message: str) -> int:
+    """A widget's whole number (an int, or a float from JSON) -> int in [low, high]; InputError
+    says `message` and the value otherwise."""
     try:
-        seed = int(value)
+        number = int(value)
     except (TypeError, ValueError, OverflowError):  # None, NaN, inf, text
-        raise InputError(message) from None
-    if seed != value or not 0 <= seed < SEED_LIMIT:
-        raise InputError(message)
-    return seed
+        raise InputError(f"{message}; got {value!r}.") from None
+    if number != value or not low <= number <= high:
+        raise InputError(f"{message}; got {value!r}.")
+    return number
 
 
 def _prompt(label: str, text) -> str | None:

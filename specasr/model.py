@@ -171,8 +171,10 @@ class WhisperModel:
         language: str | None = None,
         task: str = "transcribe",
         *,
-        beam_size: int = 1,
-        best_of: int = 1,
+        beam_size: int = 5,
+        best_of: int = 5,
+        patience: float = 1,
+        length_penalty: float | None = 1,
         temperature: float | Sequence[float] = 0.0,
         initial_prompt: str | None = TranscribeOptions.initial_prompt,
         condition_on_previous_text: bool = TranscribeOptions.condition_on_previous_text,
@@ -190,18 +192,13 @@ class WhisperModel:
         Returns `transcription.transcribe`'s (lazy segments, info). language None detects it
         on the first 30 s (multilingual models). temperature: a float starts Whisper's
         fallback schedule (`fallback_schedule`), a sequence is the schedule. vad_parameters
-        (with vad_filter): see `vad_options`. Any other keyword names a `TranscribeOptions`
-        or `DecodeOptions` field; an unknown one is a TypeError."""
-        if beam_size != 1:
-            raise NotImplementedError(
-                f"beam search is not available yet in specasr (beam_size={beam_size}); use "
-                "beam_size=1: greedy at temperature 0, sampling above"
-            )
-        if best_of != 1:
-            raise NotImplementedError(
-                f"best_of={best_of}: sampling several candidates per window is not available yet "
-                "in specasr; use best_of=1"
-            )
+        (with vad_filter): see `vad_options`. beam_size (beams at T = 0; 1: greedy), best_of
+        (samples per window above T = 0) and patience are `DecodeOptions`' fields, with
+        faster-whisper's defaults. length_penalty: faster-whisper's 1 (its default) ranks by
+        sum log-prob / length, which is `DecodeOptions.length_penalty` None; any other value
+        in [0, 1] is openai-whisper's α, / ((5 + length) / 6) ** α (CTranslate2's / length ** α
+        is not offered). Any other keyword names a `TranscribeOptions` or `DecodeOptions`
+        field; an unknown one is a TypeError."""
         base = TranscribeOptions()
         schedule = (
             fallback_schedule(temperature) if isinstance(temperature, (int, float)) else tuple(temperature)
@@ -212,6 +209,10 @@ class WhisperModel:
             "task": task,
             "temperature": schedule[0] if schedule else base.decode.temperature,
             "timestamps": not without_timestamps,
+            "beam_size": beam_size,
+            "best_of": best_of,
+            "patience": patience,
+            "length_penalty": None if length_penalty == 1 else length_penalty,
         }
         whole = {
             "temperatures": schedule,

@@ -107,7 +107,10 @@ def test_default_call_builds_the_default_options(loads, librivox):
     model = WhisperModel("base")
     segments, info = model.transcribe(librivox[0].path)
     segments.close()
-    assert info.options == TranscribeOptions()  # language detected, the fallback schedule, exact
+    # language detected, the fallback schedule, exact, and faster-whisper's search: 5 beams at
+    # T = 0, 5 samples above, its length_penalty 1 = specasr's plain length normalisation (None)
+    assert info.options == TranscribeOptions().with_decode(beam_size=5, best_of=5)
+    assert (info.options.decode.patience, info.options.decode.length_penalty) == (1, None)
     assert info.language_detected and info.draft == model.pair.draft_name
 
 
@@ -155,21 +158,34 @@ def test_other_keywords_pass_through_to_the_options_fields(loads, librivox):
         model.transcribe(clip, gamma=0)
 
 
-def test_unknown_and_unavailable_keywords_are_refused(loads, librivox):
+def test_faster_whispers_search_keywords_set_the_decode_options(loads, librivox):
     model = WhisperModel("base")
     clip = librivox[0].path
-    with pytest.raises(TypeError, match="'patience'"):
-        model.transcribe(clip, patience=2.0)
+    d = options_of(model, clip, beam_size=3, best_of=2, patience=2.0, length_penalty=0.5).decode
+    assert (d.beam_size, d.best_of, d.patience, d.length_penalty) == (3, 2, 2.0, 0.5)
+    d = options_of(model, clip, beam_size=1, best_of=1, length_penalty=0.0).decode
+    assert (d.beam_size, d.best_of, d.length_penalty) == (1, 1, 0.0)  # greedy; α = 0 is not 1
+    assert options_of(model, clip, length_penalty=None).decode.length_penalty is None
+    # DecodeOptions' checks, before anything is decoded
+    for bad, match in [
+        ({"beam_size": 0}, "beam_size must be a whole number in \\[1, 16\\]"),
+        ({"best_of": 17}, "best_of must be"),
+        ({"patience": 0}, "patience must be a finite number > 0"),
+        ({"length_penalty": 2.0}, "length_penalty must be within \\[0, 1\\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            model.transcribe(clip, **bad)
+
+
+def test_unknown_keywords_are_refused(loads, librivox):
+    model = WhisperModel("base")
+    clip = librivox[0].path
     with pytest.raises(TypeError, match="'no_such_option'"):
         model.transcribe(clip, no_such_option=1)
     with pytest.raises(TypeError, match="temperatures from temperature"):
         model.transcribe(clip, temperatures=(0.0,))
     with pytest.raises(TypeError, match="logprob_threshold from log_prob_threshold"):
         model.transcribe(clip, logprob_threshold=-2.0)
-    with pytest.raises(NotImplementedError, match="beam search is not available yet.*beam_size=1"):
-        model.transcribe(clip, beam_size=5)
-    with pytest.raises(NotImplementedError, match="best_of=1"):
-        model.transcribe(clip, best_of=5)
 
 
 def test_vad_parameters_by_faster_whispers_names():
@@ -235,7 +251,9 @@ def texts(segments) -> str:
 def test_the_readme_snippet_gives_specasrs_transcript(readme):
     scope, clip = readme
     model, info = scope["model"], scope["info"]
-    segments, expected = transcribe(clip.path, model.pair)  # specasr.transcribe, default options
+    # faster-whisper's defaults: specasr's own but for the search (5 beams, 5 samples above T = 0)
+    assert info.options == TranscribeOptions().with_decode(beam_size=5, best_of=5)
+    segments, expected = transcribe(clip.path, model.pair, info.options)  # specasr.transcribe
     assert scope["text"] == texts(segments) and scope["text"].strip()
     assert re.sub(r"[^a-z ]+", " ", scope["text"].lower()).split() == clip.text.split()  # the reference
     assert info.options == expected.options

@@ -319,10 +319,10 @@ ERRORS = {  # name: (request, status, code, param)
         None,
     ),
     "unknown field": (
-        dict(files={"file": ("a.wav", _wav(1))}, data={"beam_size": "5"}),
+        dict(files={"file": ("a.wav", _wav(1))}, data={"num_beams": "5"}),  # HF's name: beam_size here
         400,
         None,
-        "beam_size",
+        "num_beams",
     ),
     "streaming": (dict(files={"file": ("a.wav", _wav(1))}, data={"stream": "true"}), 400, None, "stream"),
     "wrong model": (

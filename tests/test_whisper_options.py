@@ -169,8 +169,8 @@ def test_front_end_options_map_each_whisper_option():
     # None means "the default" where a value cannot be off
     d = front_end_options(suppress_tokens=None, condition_on_previous_text=None)
     assert d.decode.suppress_tokens and d.condition_on_previous_text
-    with pytest.raises(TypeError, match="beam_size"):
-        front_end_options(beam_size=5)
+    with pytest.raises(TypeError, match="num_beams"):
+        front_end_options(num_beams=5)
     with pytest.raises(ValueError, match="sequential"):
         front_end_options(prefix="Hello", strategy="chunked")
 

@@ -12,6 +12,7 @@ import math
 
 import click
 
+from specasr.options import MAX_BEAMS
 from specasr.options import WHISPER_DEFAULTS as D
 
 # the largest Whisper vocabulary (large-v3's): a token id at or above it is a usage error
@@ -48,7 +49,7 @@ def _names(name: str) -> tuple[str, ...]:
 
 def _option(name: str, help: str, **kwargs):
     kwargs.setdefault("default", D[name])
-    return click.option(*_names(name), show_default=D[name] is not None, help=help, **kwargs)
+    return click.option(*_names(name), show_default=kwargs["default"] is not None, help=help, **kwargs)
 
 
 _OPTIONS = [
@@ -119,6 +120,30 @@ _OPTIONS = [
         "language_detection_segments",
         "With --language auto: windows that may vote on the language.",
         type=click.IntRange(1, 100),
+    ),
+    _option(
+        "beam_size",
+        "Beams at temperature 0 (1: greedy); in a speculative mode the draft proposes each beam's "
+        "continuation and the target checks them in one pass, with the same tokens as target-only "
+        "beam search.",
+        type=click.IntRange(1, MAX_BEAMS),
+    ),
+    _option(
+        "best_of",
+        "Above temperature 0 (the fallbacks): independent samples per window, the best by "
+        "--length-penalty's ranking kept.",
+        type=click.IntRange(1, MAX_BEAMS),
+    ),
+    _option(
+        "patience",
+        "Beam search ends when round(beam size × patience) hypotheses have finished.",
+        type=click.FloatRange(min=0, min_open=True),
+    ),
+    _option(
+        "length_penalty",
+        "Rank candidates by sum log-prob / ((5 + length) / 6) ** this (openai-whisper's α); "
+        "'none': / length.",
+        type=OptionalFloat(0, 1),
     ),
     click.option(
         "--vad-max-speech",

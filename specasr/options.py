@@ -72,6 +72,10 @@ class DecodeOptions:
     best_of: int = 1
     patience: float = 1.0
     length_penalty: float | None = None
+    # beams in a speculative mode: the draft proposes each beam's continuation (the same tokens
+    # as target-only beams, in fewer target passes). None: on accelerators only; on a CPU a pass
+    # over every beam's γ+1 tokens costs more than the passes saved (docs/benchmarks.md)
+    speculative_beams: bool | None = None
     backend: str = "auto"  # verifier backend: auto | triton | torch
     timing: bool = False  # time the loop's phases into DecodeStats (CUDA: events); off costs nothing
     # CUDA, T = 0: decode in the device loop (`decode.graphed`: one CUDA graph per step, one

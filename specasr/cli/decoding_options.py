@@ -123,9 +123,9 @@ _OPTIONS = [
     ),
     _option(
         "beam_size",
-        "Beams at temperature 0 (1: greedy); in a speculative mode the draft proposes each beam's "
-        "continuation and the target checks them in one pass, with the same tokens as target-only "
-        "beam search.",
+        "Beams at temperature 0 (1: greedy). On a CPU the beams decode with the target alone, in "
+        "every mode (speculative beams give the same tokens but cost more there); on a GPU the "
+        "draft proposes each beam's continuation and the target checks them in one pass.",
         type=click.IntRange(1, MAX_BEAMS),
     ),
     _option(

@@ -108,8 +108,11 @@ class Window:
 class BeamSearch:
     """Beam search over a batch of windows, target only or with speculative beams."""
 
-    def __init__(self, ctx: StepContext, target: Runner, step: SpeculativeStep | None) -> None:
-        self.ctx, self.target, self.step = ctx, target, step
+    def __init__(self, ctx: StepContext, target: Runner, step: SpeculativeStep | None, policy=None) -> None:
+        """policy: the γ policy (`decode.gamma`) of speculative beams; its backoff judges a
+        window's replayed steps as a row's accepted drafts, so where speculation cannot pay
+        the passes are the target's alone."""
+        self.ctx, self.target, self.step, self.policy = ctx, target, step, policy
         opts = ctx.options
         self.beam_size = opts.beam_size
         self.most = max(round(opts.beam_size * opts.patience), 1)
@@ -123,13 +126,21 @@ class BeamSearch:
         while active:
             gamma = 0
             if self.step is not None and max(self.target.lengths) > 0:  # the first pass is the target's
-                gamma = min(self.ctx.options.gamma, N_TEXT_CTX - max(len(w.beams[0]) for w in active))
+                wanted = (
+                    self.policy.next(sum(len(w.beams) for w in active))
+                    if self.policy
+                    else self.ctx.options.gamma
+                )
+                gamma = min(wanted, N_TEXT_CTX - max(len(w.beams[0]) for w in active))
             active = self._pass(active, gamma)
         return all_windows
 
     def _pass(self, active: list[Window], gamma: int) -> list[Window]:
         ctx, limit = self.ctx, self.ctx.task.limit
         rows = [b for w in active for b in w.beams]
+        if self.policy is not None and self.policy.wants_times:
+            ctx.clock.flush()
+        times = (ctx.stats.draft_s, ctx.stats.target_s)
         batch = Batch.start([], len(rows))
         batch.seqs = [list(b) for b in rows]
         proposal = self.step.propose(batch, gamma) if gamma else Proposal([[] for _ in rows])
@@ -149,6 +160,18 @@ class BeamSearch:
         kept = [w for w in active if not w.done]
         if gamma:  # per window: its steps, of which all but the first read a proposal's rows
             ctx.stats.record_pass(gamma, [s - 1 for s in steps], steps, proposal.stopped)
+            if self.policy is not None:
+                if self.policy.wants_times:
+                    ctx.clock.flush()
+                replayed = [s - 1 for s in steps]
+                self.policy.update(
+                    gamma,
+                    min(replayed),
+                    ctx.stats.draft_s - times[0],
+                    ctx.stats.target_s - times[1],
+                    stopped=proposal.stopped,
+                    per_row=replayed,
+                )
         else:
             ctx.stats.record_step(len(rows))
         src = [r for w in kept for r in w.src]

@@ -74,7 +74,7 @@ class DecodeLoop:
     def search(self, target_states: Tensor, draft_states: Tensor | None) -> list[Window]:
         """Beam search (T = 0, beam_size > 1) over the rows: one `Window` per row, finished."""
         target, step = self._runners(target_states, draft_states)
-        windows = BeamSearch(self.ctx, target, step).run(target_states.shape[0])
+        windows = BeamSearch(self.ctx, target, step, self.policy).run(target_states.shape[0])
         self.ctx.clock.flush()
         return windows
 
@@ -182,8 +182,11 @@ def decode_states(
     loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
     drafts = draft_states if options.speculative else None
     if options.temperature == 0 and options.beam_size > 1:
+        speculate = options.speculative_beams
+        if speculate is None:
+            speculate = pair.device.type != "cpu"
         with timed(stats, "decoder_s", pair.device):
-            windows = loop.search(target_states, drafts)
+            windows = loop.search(target_states, drafts if speculate else None)
         begin = len(task.init)  # lengths and log-probs count the sampled tokens
         best = [w.best(begin, options.length_penalty) for w in windows]
         rows = [

@@ -243,6 +243,7 @@ FIELDS = {
     "prefix": _text,
     "hotwords": _text,
     "condition_on_previous_text": _bool,
+    "multilingual": _bool,
     "compression_ratio_threshold": _optional(_number(float, 0)),
     "logprob_threshold": _optional(_number(float, None, 0)),
     "no_speech_threshold": _optional(_number(float, 0, 1)),

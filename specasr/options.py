@@ -206,6 +206,10 @@ class TranscribeOptions:
     # (faster-whisper's rule); then the language most windows chose, the likeliest on a tie
     language_detection_threshold: float = 0.5
     language_detection_segments: int = 1
+    # detect every window's language and decode it in that one (faster-whisper's multilingual;
+    # sequential, no language given): a recording that changes language is transcribed in each,
+    # and each segment says which (Segment.language); info.language stays the first window's
+    multilingual: bool = False
     batch_size: int = 8  # windows per batched decode (chunked)
     cut_search: float = 10.0  # chunked: a span ends at the quietest point of its last cut_search s
     trim_silence: bool = True  # move each segment end back to its last voiced frame (timing.py)
@@ -273,6 +277,11 @@ class TranscribeOptions:
         if self.language_detection_segments < 1:
             raise ValueError(
                 f"language_detection_segments must be >= 1, got {self.language_detection_segments}"
+            )
+        if self.multilingual and (self.strategy != "sequential" or self.decode.language is not None):
+            raise ValueError(
+                "multilingual detects each window's language: it needs the sequential strategy (a "
+                "chunked batch decodes its rows in one language) and no language given"
             )
         if self.decode.prefix and self.strategy != "sequential":
             raise ValueError(
@@ -355,6 +364,7 @@ WHISPER_DEFAULTS = {
     "append_punctuations": "\"'.。,，!！?？:：”)]}、",
     "language_detection_threshold": 0.5,
     "language_detection_segments": 1,
+    "multilingual": False,
     "vad_max_speech": math.inf,
     "beam_size": DecodeOptions.beam_size,
     "best_of": DecodeOptions.best_of,
@@ -452,4 +462,5 @@ def front_end_options(
         append_punctuations=w["append_punctuations"],
         language_detection_threshold=w["language_detection_threshold"],
         language_detection_segments=w["language_detection_segments"],
+        multilingual=bool(w["multilingual"]),
     )

@@ -83,6 +83,7 @@ class Segment:
     # with word timestamps: its words, in order and inside [start, end]; None when off
     words: list[Word] | None = None
     seek: int = 0  # the 10 ms frame of the decoded audio where its window starts (openai-whisper's seek)
+    language: str | None = None  # its window's detected language (TranscribeOptions.multilingual); else None
 
     @classmethod
     def from_result(
@@ -130,6 +131,7 @@ class Segment:
             "no_speech_prob": self.no_speech_prob,
             "temperature": self.temperature,
             "window": self.window,
+            **({} if self.language is None else {"language": self.language}),
             "stats": {
                 "proposed": s.proposed,
                 "accepted": s.accepted,

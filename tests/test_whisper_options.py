@@ -160,12 +160,13 @@ def test_front_end_options_map_each_whisper_option():
         suppress_tokens="13",
         language_detection_threshold=0.8,
         language_detection_segments=3,
+        multilingual=True,
     )
     assert (o.initial_prompt, o.decode.prefix, o.hotwords) == ("Names.", "Hello", "Dashwood")
     assert not o.condition_on_previous_text and o.compression_ratio_threshold is None
     assert (o.logprob_threshold, o.no_speech_threshold, o.decode.max_initial_timestamp) == (-0.5, 0.3, 2.0)
     assert not o.decode.suppress_tokens and o.decode.suppress_ids == (13,)
-    assert (o.language_detection_threshold, o.language_detection_segments) == (0.8, 3)
+    assert (o.language_detection_threshold, o.language_detection_segments) == (0.8, 3) and o.multilingual
     # None means "the default" where a value cannot be off
     d = front_end_options(suppress_tokens=None, condition_on_previous_text=None)
     assert d.decode.suppress_tokens and d.condition_on_previous_text
@@ -305,3 +306,32 @@ def test_an_unsure_first_window_lets_the_next_windows_vote_on_the_language(base_
     vote = detected(language_detection_segments=2, language_detection_threshold=0.99)
     assert vote.language == "de" and vote.all_language_probs[0][0] == "de"
     assert alone.language_probability < vote.language_probability < two.language_probability
+
+
+def test_multilingual_decodes_each_window_in_its_own_language(base_pair, librivox):
+    """English (a LibriVox clip, then silence to 30 s) and then German: with multilingual each
+    window detects its language, the segments say en and de and the German is German; without,
+    every window is decoded as the first window's English."""
+    import subprocess
+
+    from specasr.audio import load_audio
+
+    text = "Guten Morgen, wie geht es Ihnen heute? Das Wetter ist sehr schön. Ich fahre morgen nach Berlin."
+    wav = subprocess.run(
+        ["espeak-ng", "-v", "de", "-s", "150", "--stdout", text], capture_output=True, check=True
+    )
+    english = load_audio(librivox[1].path)
+    audio = np.concatenate([english, np.zeros(30 * SR - len(english), np.float32), load_audio(wav.stdout)])
+    plain = TranscribeOptions().with_decode(mode="autoregressive")
+    segments, info = transcribe(audio, base_pair, replace(plain, multilingual=True), source_rate=SR)
+    segments = list(segments)
+    assert info.language == "en" and [s.language for s in segments][0] == "en"
+    german = [s for s in segments if s.language == "de"]
+    assert (
+        german and "Morgen" in " ".join(s.text for s in german) and segments[-1].to_dict()["language"] == "de"
+    )
+    fixed, _ = transcribe(audio, base_pair, plain, source_rate=SR)
+    fixed = list(fixed)
+    assert all(s.language is None for s in fixed) and "Morgen" not in " ".join(s.text for s in fixed)
+    with pytest.raises(ValueError, match="sequential"):
+        replace(plain, multilingual=True, strategy="chunked")

@@ -73,6 +73,12 @@ _OPTIONS = [
         type=click.BOOL,
     ),
     _option(
+        "multilingual",
+        "With --language auto: detect every window's language and decode it in that one "
+        "(sequential strategy); JSON segments say which.",
+        type=click.BOOL,
+    ),
+    _option(
         "compression_ratio_threshold",
         "Decode a window again at a higher temperature when its text's gzip ratio is above this.",
         type=OptionalFloat(0, math.inf),

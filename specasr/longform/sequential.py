@@ -85,6 +85,7 @@ def sequential(
             else encode_windows(engine, window_mel(mel, seek, size), stats)
         )
         opts = options if seek == 0 else later
+        window_language = None if options.multilingual else info.language  # None: this window detects
         forced = bool(opts.decode.prefix)
         previous = all_tokens[prompt_since:]
         window = info.windows
@@ -92,7 +93,7 @@ def sequential(
             engine,
             *states,
             opts,
-            info.language,
+            window_language,
             window_prompt(hot, previous, forced),
             options.decode.seed + window,
             stats,
@@ -103,7 +104,7 @@ def sequential(
                 engine,
                 *states,
                 opts,
-                info.language,
+                window_language,
                 window_prompt(hot, [], forced),
                 options.decode.seed + window,
                 stats,
@@ -116,7 +117,8 @@ def sequential(
         pieces, advance = split_window(result.tokens, tok.timestamp_begin, size)
         start, seek = seek, seek + advance
         current = window_segments(tok, result, pieces, offset, info.duration, window, stats)
-        current = [replace(seg, id=n_segments + k) for k, seg in enumerate(current)]
+        language = result.language if options.multilingual else None
+        current = [replace(seg, id=n_segments + k, language=language) for k, seg in enumerate(current)]
         if words is not None and current:  # one teacher-forced pass over the window's final tokens
             with engine.exclusive():
                 words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])

@@ -102,6 +102,24 @@ def tiny_en_pair():
     return load_pair("tiny.en", None, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def base_shipped(base_pair):
+    """`base_pair` with the packaged distilled draft, int8 where this build has it: what
+    `load_pair("base")` returns, without loading `base` a second time."""
+    from dataclasses import replace
+
+    from specasr.backends.cpu.linear import int8_available
+    from specasr.models.draft import load_draft
+    from specasr.models.loading import packaged_draft
+
+    draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    int8 = int8_available()
+    if int8:
+        draft.quantize_int8()
+    name = "packaged:base (int8)" if int8 else "packaged:base"
+    return replace(base_pair, draft=draft, shared_encoder=True, draft_name=name)
+
+
 def with_self_draft(pair, k: int):
     """The same target with `self:k` as its draft (no weights copied)."""
     from dataclasses import replace
@@ -118,6 +136,17 @@ def librivox_mels(librivox):
     from specasr.features import log_mel_window
 
     return {c.id: log_mel_window(load_audio(c.path), n_mels=80) for c in librivox}
+
+
+@pytest.fixture(scope="session")
+def base_ar(base_pair, librivox, librivox_mels):
+    """`base`'s autoregressive greedy result per LibriVox clip, keyed by clip id: the exactness
+    reference that several modules compare speculative decodes with (decoded once per session)."""
+    from specasr.decode.loop import decode
+    from specasr.options import DecodeOptions
+
+    ar = DecodeOptions(mode="autoregressive")
+    return {c.id: decode(base_pair, librivox_mels[c.id], ar)[0] for c in librivox}
 
 
 @pytest.fixture

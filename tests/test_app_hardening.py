@@ -268,12 +268,10 @@ def test_compare_reports_the_median_of_three_runs(monkeypatch):
 
 
 @pytest.mark.slow
-def test_real_run_shows_the_speculation(librivox):
+def test_real_run_shows_the_speculation(base_shipped, librivox):
     """The packaged base target and its default draft: every text token is labelled, the
     labels spell the transcript, and the plot covers every verify step."""
-    from specasr.models.loading import load_pair
-
-    pair = load_pair("base", device="cpu")  # the packaged default draft
+    pair = base_shipped
     assert pair.draft is not None
     clip = next(c for c in librivox if c.id.endswith("0880"))
     result = service.run(pair, load_input(str(clip.path), AppOptions()), Controls(mode="exact"))

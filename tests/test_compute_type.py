@@ -262,17 +262,33 @@ def test_k_transposed_is_one_product_equal_to_the_transposed_k(bias):
         bf16.bf16_cross_kv(SimpleNamespace(layers=[layer]))
 
 
+@pytest.fixture(scope="module")
+def int8_base():
+    """The packaged base in int8 with its packaged draft (loaded once for this module)."""
+    from specasr.models.loading import load_pair
+
+    return load_pair("base", "default", compute_type="int8")
+
+
+@pytest.fixture(scope="module")
+def int8_ar(int8_base, librivox):
+    """The int8 base's autoregressive result per LibriVox clip, keyed by clip id."""
+    from specasr.options import DecodeOptions
+    from specasr.transcription import transcribe_clip
+
+    return {c.id: transcribe_clip(c.path, int8_base, DecodeOptions(mode="autoregressive")) for c in librivox}
+
+
 @pytest.mark.slow
-def test_an_int8_base_scores_every_row_of_a_verify_pass_as_its_one_token_step():
+def test_an_int8_base_scores_every_row_of_a_verify_pass_as_its_one_token_step(int8_base):
     """Real weights: an int8 base's ragged batched passes of 1–8 tokens (and a 13-token first
     pass) give each row bitwise the logits that row gets alone, one token at a time. This
     is what makes speculative decoding of an int8 target exact."""
     import random
 
     from specasr.decode.runners import make_runner
-    from specasr.models.loading import load_pair
 
-    target = load_pair("base", None, compute_type="int8").target
+    target = int8_base.target
     g = torch.Generator().manual_seed(0)
     states = torch.randn(3, 1500, 512, generator=g) * 0.5
     tokens = torch.randint(0, 50000, (3, 40), generator=g)
@@ -299,21 +315,19 @@ def test_an_int8_base_scores_every_row_of_a_verify_pass_as_its_one_token_step():
 
 
 @pytest.mark.slow
-def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivox):
+def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(int8_base, int8_ar, librivox):
     """Real weights: base in int8 with the packaged draft. Exact mode gives the int8 target's
     autoregressive tokens on every LibriVox clip and on the long-form fixture, sequential and
     chunked with VAD (ragged batched rows; with timestamps and without), with speculation running."""
     from benchmarks.longform import long_recording
-    from specasr.models.loading import load_pair
     from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
     from specasr.transcription import transcribe, transcribe_clip
 
-    pair = load_pair("base", "default", compute_type="int8")
+    pair = int8_base
     assert pair.compute_type == "int8" and pair.draft is not None
     for clip in librivox:
-        ar = transcribe_clip(clip.path, pair, DecodeOptions(mode="autoregressive"))
         ex = transcribe_clip(clip.path, pair, DecodeOptions(mode="exact"))
-        assert ex.tokens == ar.tokens, clip.id
+        assert ex.tokens == int8_ar[clip.id].tokens, clip.id
     rec = long_recording(librivox[0].path.parent)
     chunked_vad = TranscribeOptions(strategy="chunked", batch_size=8, vad=VadOptions())
     for opts in (TranscribeOptions(), chunked_vad, chunked_vad.with_decode(timestamps=False)):
@@ -326,21 +340,16 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(librivo
 
 
 @pytest.mark.slow
-def test_base_in_int8_transcribes_the_clips_as_fp32_does(librivox):
+def test_base_in_int8_transcribes_the_clips_as_fp32_does(int8_base, int8_ar, base_pair, base_ar, librivox):
     """Real weights: an int8 base is a different model, but on the LibriVox clips its
     transcripts stay within a point of fp32's WER, and it reports its compute type."""
     from specasr.eval.metric import wer
-    from specasr.models.loading import load_pair
-    from specasr.options import DecodeOptions
-    from specasr.transcription import transcribe_clip
 
-    texts = {}
-    for ct in ("float32", "int8"):
-        pair = load_pair("base", None, compute_type=ct)
-        assert pair.compute_type == ct
-        texts[ct] = [
-            transcribe_clip(c.path, pair, DecodeOptions(mode="autoregressive")).text for c in librivox
-        ]
+    assert base_pair.compute_type == "float32" and int8_base.compute_type == "int8"
+    texts = {
+        "float32": [base_ar[c.id].text for c in librivox],
+        "int8": [int8_ar[c.id].text for c in librivox],
+    }
     refs = [c.text for c in librivox]
     assert wer(refs, texts["int8"]) <= wer(refs, texts["float32"]) + 0.01
     assert sum(a == b for a, b in zip(texts["int8"], texts["float32"])) >= len(librivox) - 1

@@ -73,21 +73,13 @@ def test_coupled_speculation_gives_the_autoregressive_sample(tiny, temperature):
     assert differs  # the test can tell the rules apart
 
 
-@pytest.fixture(scope="module")
-def drafted():
-    """base with its packaged distilled draft (a reduced vocabulary)."""
-    from specasr.models.loading import load_pair
-
-    return load_pair("base", "default", device="cpu")
-
-
 @pytest.mark.slow  # loads base and its packaged draft
-def test_real_speech_sampled_through_the_fallbacks_is_the_same_in_every_mode(drafted, librivox):
+def test_real_speech_sampled_through_the_fallbacks_is_the_same_in_every_mode(base_shipped, librivox):
     """A recording made to fall back (a log-prob bar no decode reaches sends every window up
     to T = 1.0): with the coupled rule, exact (packaged reduced-vocabulary draft) and
     autoregressive give the same transcript for the same seed; with the rejection rule they
     differ."""
-    pair = drafted
+    pair = base_shipped  # base with its packaged draft (a reduced vocabulary)
     audio = np.concatenate([sf.read(str(c.path), dtype="float32")[0] for c in librivox[:3]])
     base = replace(TranscribeOptions(logprob_threshold=0.0, no_speech_threshold=None), batch_size=2)
     texts = {}
@@ -103,10 +95,10 @@ def test_real_speech_sampled_through_the_fallbacks_is_the_same_in_every_mode(dra
 
 
 @pytest.mark.slow  # loads base and its packaged draft
-def test_real_speech_at_each_temperature_keeps_the_autoregressive_sample(drafted, librivox):
+def test_real_speech_at_each_temperature_keeps_the_autoregressive_sample(base_shipped, librivox):
     from specasr.features import log_mel_window
 
-    pair = drafted
+    pair = base_shipped  # base with its packaged draft (a reduced vocabulary)
 
     mel = torch.cat([log_mel_window(sf.read(str(c.path), dtype="float32")[0], 80) for c in librivox[:2]])
     accepted = 0

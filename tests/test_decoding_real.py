@@ -19,12 +19,6 @@ from specasr.transcription import transcribe_clip
 AR = DecodeOptions(mode="autoregressive")
 
 
-@pytest.fixture(scope="module")
-def base_ar(base_pair, librivox, librivox_mels):
-    """Autoregressive greedy results of `base` per clip: the exactness reference."""
-    return {c.id: decode(base_pair, librivox_mels[c.id], AR)[0] for c in librivox}
-
-
 def _hf_greedy_text_tokens(pair, mel, language):
     """transformers' generate() on the same converted checkpoint: the reference implementation."""
     from transformers import WhisperForConditionalGeneration

@@ -449,13 +449,14 @@ def test_the_library_detects_the_language_by_default(base_pair, tmp_path):
     assert info.duration_after_vad is None  # no VAD asked for
 
 
-@pytest.mark.slow  # tiny.en, 75 s twice per strategy
+@pytest.mark.slow  # tiny.en, 75 s once per strategy (gated: the shared decodes above)
 @pytest.mark.parametrize("strategy", ["sequential", "chunked"])
-def test_the_silence_gate_drops_no_speech(tiny_en_pair, long_audio, strategy):
+def test_the_silence_gate_drops_no_speech(tiny_en_pair, long_audio, strategy, request):
     """The fixture's speech, its pauses included, decodes to the same segments with the
     digital-silence gate on (the default) and off: no window of it is quiet enough."""
-    on = _run(tiny_en_pair, long_audio.samples, _opts(strategy=strategy))
-    off = _run(tiny_en_pair, long_audio.samples, _opts(strategy=strategy, silence_peak=None))
+    on = request.getfixturevalue("sequential_ar" if strategy == "sequential" else "chunked_ar")
+    batch = {} if strategy == "sequential" else {"batch_size": 2}  # chunked_ar's
+    off = _run(tiny_en_pair, long_audio.samples, _opts(strategy=strategy, silence_peak=None, **batch))
     assert [(s.start, s.end, s.text) for s in on[0]] == [(s.start, s.end, s.text) for s in off[0]]
     assert on[1].windows == off[1].windows > 0
 

@@ -337,26 +337,15 @@ def test_one_row_never_takes_the_ragged_path(scheduled, monkeypatch):
 
 # ---- real weights (slow tier: base_pair) ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def shipped(base_pair):
-    """base with its packaged distilled draft, int8 where this build has it (as load_pair)."""
-    from specasr.models.draft import load_draft
-    from specasr.models.loading import packaged_draft
-
-    draft = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
-    if int8_available():
-        draft.quantize_int8()
-    return replace(base_pair, draft=draft, shared_encoder=True, draft_name="packaged:base")
-
-
-@pytest.fixture(scope="module")
-def eight_windows(librivox) -> torch.Tensor:
+def eight_windows(librivox, librivox_mels) -> torch.Tensor:
     """Log-Mel windows [8, 80, 3000]: the five LibriVox clips, then three of them from 2 s in."""
     from specasr.audio import load_audio
     from specasr.features import log_mel_window
 
-    audio = [load_audio(c.path) for c in librivox]
-    audio += [a[32000:] for a in audio[:3]]
-    return torch.cat([log_mel_window(a, n_mels=80) for a in audio[:8]])
+    later = [log_mel_window(load_audio(c.path)[32000:], n_mels=80) for c in librivox[:3]]
+    mel = torch.cat([librivox_mels[c.id] for c in librivox] + later)
+    assert mel.shape[0] == 8
+    return mel
 
 
 def _alone(pair, mel, opts):
@@ -367,8 +356,16 @@ def _alone(pair, mel, opts):
     return [r.tokens for r in results], total
 
 
+@pytest.fixture(scope="module")
+def eight_ar(base_pair, librivox, base_ar, eight_windows) -> list[list[int]]:
+    """base's autoregressive tokens for each of the eight windows alone (the clips' own from
+    `base_ar`): the reference every batch below must give."""
+    later, _ = _alone(base_pair, eight_windows[len(librivox) :], DecodeOptions(mode="autoregressive"))
+    return [base_ar[c.id].tokens for c in librivox] + later
+
+
 @pytest.mark.parametrize("draft_stop", [0.0, DecodeOptions().draft_stop])
-def test_real_batch_of_8_keeps_each_rows_acceptance(shipped, eight_windows, draft_stop):
+def test_real_batch_of_8_keeps_each_rows_acceptance(base_shipped, eight_windows, eight_ar, draft_stop):
     """base + its packaged draft, 8 windows at T = 0: every row's tokens equal target-only
     decoding of that window alone. Without a draft stop, per-row acceptance (α̂ and tokens
     per row per target pass) in the batch of 8 is no lower than with each window alone (a
@@ -377,12 +374,11 @@ def test_real_batch_of_8_keeps_each_rows_acceptance(shipped, eight_windows, draf
     printed, not asserted: there a row's runs depend on the other rows. γ is fixed: the
     default backoff policy gives a batch of 8 a shorter γ than one row (`gamma.CPU_BATCH_COSTS`)."""
     opts = DecodeOptions(draft_stop=draft_stop, gamma_policy="fixed")
-    ar, _ = _alone(shipped, eight_windows, replace(opts, mode="autoregressive"))
-    alone_tokens, alone = _alone(shipped, eight_windows, opts)
-    batch = decode(shipped, eight_windows, opts)
-    assert [r.tokens for r in batch] == alone_tokens == ar
-    default = decode(shipped, eight_windows, DecodeOptions(draft_stop=draft_stop))  # batch-sized γ
-    assert [r.tokens for r in default] == ar and default[0].stats.gammas[0] < opts.gamma  # 8 rows
+    alone_tokens, alone = _alone(base_shipped, eight_windows, opts)
+    batch = decode(base_shipped, eight_windows, opts)
+    assert [r.tokens for r in batch] == alone_tokens == eight_ar
+    default = decode(base_shipped, eight_windows, DecodeOptions(draft_stop=draft_stop))  # batch-sized γ
+    assert [r.tokens for r in default] == eight_ar and default[0].stats.gammas[0] < opts.gamma  # 8 rows
     s = batch[0].stats
     print(
         f"draft_stop {draft_stop}: α̂ B=1 {alone.token_acceptance:.3f}, B=8 {s.token_acceptance:.3f}; "
@@ -397,7 +393,9 @@ def test_real_batch_of_8_keeps_each_rows_acceptance(shipped, eight_windows, draf
         assert s.tokens_per_target_call >= alone.tokens_per_target_call - 0.25
 
 
-def test_real_batch_of_8_with_an_fp32_draft_keeps_each_rows_counts_exactly(base_pair, eight_windows):
+def test_real_batch_of_8_with_an_fp32_draft_keeps_each_rows_counts_exactly(
+    base_pair, eight_windows, eight_ar
+):
     """Without int8's per-pass activation scale, a row proposes and accepts in a batch of 8
     exactly what it does alone at the same fixed γ: the same α̂ and tokens per row per target pass."""
     from specasr.models.draft import load_draft
@@ -408,7 +406,7 @@ def test_real_batch_of_8_with_an_fp32_draft_keeps_each_rows_counts_exactly(base_
     opts = DecodeOptions(draft_stop=0.0, gamma_policy="fixed")
     alone_tokens, alone = _alone(pair, eight_windows, opts)
     batch = decode(pair, eight_windows, opts)
-    assert [r.tokens for r in batch] == alone_tokens
+    assert [r.tokens for r in batch] == alone_tokens == eight_ar
     s = batch[0].stats
     assert (s.accepted, s.proposed) == (alone.accepted, alone.proposed)
     assert s.tokens_per_target_call == pytest.approx(alone.tokens_per_target_call)

@@ -40,7 +40,7 @@ for line in sys.stdin:
         audio = np.load(line[5:].strip())
         print(json.dumps({"loaded": len(audio)}), flush=True)
         continue
-    kw = {"beam_size": 1, "best_of": 1, "language": a["language"]}
+    kw = {"beam_size": a["beam_size"], "best_of": a["beam_size"], "language": a["language"]}
     if batched is None:
         segments, _ = model.transcribe(audio, **kw)
     else:
@@ -50,7 +50,8 @@ for line in sys.stdin:
 
 
 class FasterWhisperProcess:
-    """faster-whisper greedy on `ct2_dir` in a worker process: its sequential `transcribe`,
+    """faster-whisper on `ct2_dir` in a worker process (greedy, or `beam_size` beams and as many
+    samples above T = 0): its sequential `transcribe`,
     or with batch_size > 0 its `BatchedInferencePipeline` (Silero VAD cuts, then batched
     windows). Calling it with float32 samples [n] at 16 kHz returns the text; the audio
     crosses over once (as a .npy file) and stays there while the same array is passed."""
@@ -62,8 +63,10 @@ class FasterWhisperProcess:
         compute_type: str = "float32",
         batch_size: int = 0,
         language: str = "en",
+        beam_size: int = 1,
     ) -> None:
         args = {
+            "beam_size": beam_size,
             "model_dir": str(ct2_dir),
             "compute_type": compute_type,
             "threads": threads,

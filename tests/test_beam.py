@@ -205,12 +205,12 @@ def _noisy_mels(librivox, clips: int, noise: float) -> list[torch.Tensor]:
 def test_tiny_en_beams_equal_transformers_and_differ_from_greedy(tiny_en_pair, librivox, librivox_mels):
     opts = DecodeOptions(mode="autoregressive", beam_size=5, length_penalty=0.0)
     differ = 0
-    for clip in (librivox[1], librivox[3]):  # two where tiny.en's beams leave its greedy path
+    for clip in librivox:
         mel = librivox_mels[clip.id]
         ours = decode(tiny_en_pair, mel, opts)[0].tokens
         assert ours == _hf_beams(tiny_en_pair, mel, 5, "tiny.en")[0], clip.id
         differ += ours != decode(tiny_en_pair, mel, replace(opts, beam_size=1))[0].tokens
-    assert differ == 2  # the search is not greedy decoding
+    assert differ >= 2  # the search is not greedy decoding (two of the five clips)
 
 
 @pytest.mark.slow  # loads base and its packaged draft

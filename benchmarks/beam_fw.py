@@ -19,6 +19,7 @@ the WER.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -43,12 +44,37 @@ print(" ".join(s.text.strip() for s in segments))
 """
 
 
-def _median_row(name: str, walls: list[float], text: str, reference: str, ref_wall: float | None) -> str:
+def interleaved(runs: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each of `runs` (name -> a call returning the text) once to warm up, then `repeats`
+    interleaved rounds -> (wall seconds per run, the first round's text per run)."""
+    walls, texts = {name: [] for name in runs}, {}
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            text = run()
+            walls[name].append(time.perf_counter() - t0)
+            texts.setdefault(name, text.strip())
+    return walls, texts
+
+
+def table(title: str, walls: dict, texts: dict, reference: str, ref_name: str) -> str:
+    """A markdown table: per run its median wall time, the speed ratio to `ref_name`'s, its WER."""
     from specasr.eval.metric import wer
 
-    wall = statistics.median(walls)
-    ratio = f"{ref_wall / wall:.2f}×" if ref_wall else "—"
-    return f"| {name} | {wall:.2f} | {ratio} | {100 * wer([reference], [text]):.1f}% |"
+    ref_wall = statistics.median(walls[ref_name])
+    lines = [
+        f"\n{title} (× = {ref_name}'s time / this one's):\n",
+        "| configuration | wall (median, s) | speed | WER |",
+        "|---|---|---|---|",
+    ]
+    for name in walls:
+        wall = statistics.median(walls[name])
+        lines.append(
+            f"| {name} | {wall:.2f} | {ref_wall / wall:.2f}× | {100 * wer([reference], [texts[name]]):.1f}% |"
+        )
+    return "\n".join(lines)
 
 
 @click.command()
@@ -72,91 +98,85 @@ def main(repeats, beams, threads, whole, data, corpus, source, per_source) -> No
     reference = " ".join(rec.texts)
     seconds = len(rec.samples) / SAMPLE_RATE
     work = Path(tempfile.mkdtemp(prefix="specasr-beam-fw-"))
-    fw_dir = ct2_dir(work)
-    pair = load_pair("base", "default", device="cpu")
-    base = TranscribeOptions().with_decode(language="en")
+    try:  # the joined model files and the recording are removed whatever happens
+        fw_dir = ct2_dir(work)
+        pair = load_pair("base", "default", device="cpu")
+        base = TranscribeOptions().with_decode(language="en")
 
-    def ours(**decode):
-        def run() -> str:
-            segments, _ = transcribe(rec.samples, pair, base.with_decode(**decode), source_rate=SAMPLE_RATE)
-            return " ".join(s.text.strip() for s in segments)
+        def ours(**decode):
+            def run() -> str:
+                segments, _ = transcribe(
+                    rec.samples, pair, base.with_decode(**decode), source_rate=SAMPLE_RATE
+                )
+                return " ".join(s.text.strip() for s in segments)
 
-        return run
+            return run
 
-    fw = {
-        (ct, b): FasterWhisperProcess(fw_dir, threads, compute_type=ct, beam_size=b)
-        for ct in ("float32", "int8")
-        for b in (beams, 1)
-    }
-    runs = {
-        f"specasr beam {beams} (exact mode: target-only beams)": ours(mode="exact", beam_size=beams),
-        "specasr greedy, exact": ours(mode="exact"),
-        "specasr greedy, autoregressive": ours(mode="autoregressive"),
-        **{
-            f"faster-whisper {ct}, {'beam ' + str(b) if b > 1 else 'greedy'}": (lambda f=f: f(rec.samples))
-            for (ct, b), f in fw.items()
-        },
-    }
-    walls = {name: [] for name in runs}
-    texts = {}
-    for run in runs.values():  # warm-up
-        run()
-    for _ in range(repeats):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            text = run()
-            walls[name].append(time.perf_counter() - t0)
-            texts.setdefault(name, text)
-    for f in fw.values():
-        f.close()
-    print(
-        f"# {machine()}; commit {commit()}; {source}: {per_source} windows, {seconds:.1f} s; {repeats} rounds"
-    )
-    ref_wall = statistics.median(walls[f"faster-whisper float32, beam {beams}"])
-    print(f"\nIn-process (× = faster-whisper fp32 beam {beams}'s time / this one's):\n")
-    print("| configuration | wall (median, s) | speed vs faster-whisper fp32 beam | WER |")
-    print("|---|---|---|---|")
-    for name in runs:
-        print(_median_row(name, walls[name], texts[name], reference, ref_wall))
-    if not whole:
-        return
-    compile_bytecode()
-    path = work / "recording.wav"
-    sf.write(path, rec.samples, SAMPLE_RATE)
-    cli = [sys.executable, "-m", "specasr", "transcribe", str(path), "--language", "en", "--mode", "exact"]
-    commands = {
-        f"specasr transcribe --beam-size {beams}": [*cli, "--beam-size", str(beams)],
-        "specasr transcribe (greedy)": cli,
-        **{
-            f"faster-whisper {ct} script, beam {b}": [
-                sys.executable,
-                "-c",
-                FW_BEAM_SCRIPT,
-                str(fw_dir),
-                ct,
-                str(threads),
-                str(path),
-                str(b),
-            ]
+        fw = {
+            (ct, b): FasterWhisperProcess(fw_dir, threads, compute_type=ct, beam_size=b)
             for ct in ("float32", "int8")
             for b in (beams, 1)
-        },
-    }
-    whole_walls = {name: [] for name in commands}
-    outs = {}
-    for command in commands.values():
-        run_measured(command)
-    for _ in range(repeats):
-        for name, command in commands.items():
-            wall, _, out = run_measured(command)
-            whole_walls[name].append(wall)
-            outs.setdefault(name, out.strip())
-    ref_wall = statistics.median(whole_walls[f"faster-whisper float32 script, beam {beams}"])
-    print(f"\nWhole processes (× = faster-whisper fp32 beam {beams}'s time / this one's):\n")
-    print("| command | wall (median, s) | speed vs faster-whisper fp32 beam | WER |")
-    print("|---|---|---|---|")
-    for name in commands:
-        print(_median_row(name, whole_walls[name], outs[name], reference, ref_wall))
+        }
+        runs = {
+            f"specasr beam {beams} (exact mode: target-only beams)": ours(mode="exact", beam_size=beams),
+            "specasr greedy, exact": ours(mode="exact"),
+            "specasr greedy, autoregressive": ours(mode="autoregressive"),
+            **{
+                f"faster-whisper {ct}, {'beam ' + str(b) if b > 1 else 'greedy'}": (
+                    lambda f=f: f(rec.samples)
+                )
+                for (ct, b), f in fw.items()
+            },
+        }
+        try:
+            walls, texts = interleaved(runs, repeats)
+        finally:
+            for f in fw.values():
+                f.close()
+        heard = f"{source}: {per_source} windows, {seconds:.1f} s"
+        print(f"# {machine()}; commit {commit()}; {heard}; {repeats} rounds")
+        print(table("In-process", walls, texts, reference, f"faster-whisper float32, beam {beams}"))
+        if not whole:
+            return
+        compile_bytecode()
+        path = work / "recording.wav"
+        sf.write(path, rec.samples, SAMPLE_RATE)
+        cli = [
+            sys.executable,
+            "-m",
+            "specasr",
+            "transcribe",
+            str(path),
+            "--language",
+            "en",
+            "--mode",
+            "exact",
+        ]
+        commands = {
+            f"specasr transcribe --beam-size {beams}": [*cli, "--beam-size", str(beams)],
+            "specasr transcribe (greedy)": cli,
+            **{
+                f"faster-whisper {ct} script, beam {b}": [
+                    sys.executable,
+                    "-c",
+                    FW_BEAM_SCRIPT,
+                    str(fw_dir),
+                    ct,
+                    str(threads),
+                    str(path),
+                    str(b),
+                ]
+                for ct in ("float32", "int8")
+                for b in (beams, 1)
+            },
+        }
+        runs = {name: (lambda c=command: run_measured(c)[2]) for name, command in commands.items()}
+        walls, texts = interleaved(runs, repeats)
+        print(
+            table("Whole processes", walls, texts, reference, f"faster-whisper float32 script, beam {beams}")
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import click
 
 from specasr.cli.common import compute_type_option
 from specasr.constants import int8_decoder
+from specasr.decode.calibration import cost_table
 from specasr.decode.gamma import SpeculationCost, cpu_batch_costs
 
 
@@ -27,40 +28,7 @@ def measured_cost(costs) -> SpeculationCost:
     return SpeculationCost(costs.draft / costs.target[1], costs.verify_curve())
 
 
-def _v(cost: SpeculationCost | None, k: int) -> str:
-    if cost is None or k not in cost.verify:
-        return "–"
-    return f"{cost.verify[k]:.2f}"
-
-
-Costs = dict[int, SpeculationCost]  # batch size -> its curve
-
-
-def cost_table(measured: Costs, stored: Costs, ks: list[int]) -> str:
-    """One row per B: the measured c and v(k), then the stored ones (– where none is stored)."""
-    head = (
-        "| rows | c | "
-        + " | ".join(f"v({k})" for k in ks)
-        + " | stored c | "
-        + " | ".join(f"stored v({k})" for k in ks)
-        + " |\n"
-        + "|---" * (2 * len(ks) + 3)
-        + "|"
-    )
-    body = []
-    for rows, cost in measured.items():
-        old = stored.get(rows)
-        body.append(
-            f"| {rows} | {cost.c:.3f} | "
-            + " | ".join(_v(cost, k) for k in ks)
-            + f" | {'–' if old is None else f'{old.c:.3f}'} | "
-            + " | ".join(_v(old, k) for k in ks)
-            + " |"
-        )
-    return "\n".join([head, *body])
-
-
-def cost_literal(measured: Costs) -> str:
+def cost_literal(measured: dict[int, SpeculationCost]) -> str:
     """The measured curves as Python, in `CPU_BATCH_COSTS`' form."""
     lines = ["{"]
     for rows, cost in measured.items():

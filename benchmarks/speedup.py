@@ -156,6 +156,7 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20, eager: bool 
     machine lands on all of them instead of bending the curve v(k)."""
     import torch
 
+    from specasr.decode.calibration import pass_times
     from specasr.decode.runners import make_runner
     from specasr.runtime.runner import LeanDecoder, LeanRunner
 
@@ -170,24 +171,10 @@ def step_costs(pair, mel, ks=tuple(range(1, 9)), repeats: int = 20, eager: bool 
         runners["eager"] = LeanRunner(pair.target.model.decoder, target_states)
     if pair.draft is not None:
         runners["draft"] = make_runner(pair.draft, draft_states)
-    times: dict[tuple[str, int], list[float]] = {
-        (name, k): [] for name in runners for k in ((1,) if name == "draft" else ks)
-    }
-    for runner in runners.values():
-        runner(prefix, 1)
-    for _ in range(repeats):
-        for (name, k), taken in times.items():
-            runner = runners[name]
-            # a distilled draft's step as the loop takes it: over its own vocabulary, which
-            # is also what its fused one-token step serves (`specasr.backends.cpu.fused`)
-            reduced = {"reduced": True} if name == "draft" and getattr(runner, "vocab", None) else {}
-            t0 = time.perf_counter()
-            runner(new[:, :k], k, **reduced)
-            taken.append(time.perf_counter() - t0)
-            runner.rollback(prefix.shape[1])
+    seconds = pass_times(runners, prefix, new, ks, repeats, reduced=("draft",))
 
     def median_ms(name: str) -> dict[int, float]:
-        return {k: 1e3 * statistics.median(t) for (n, k), t in times.items() if n == name}
+        return {k: 1e3 * s for k, s in seconds.get(name, {}).items()}
 
     costs = StepCosts(median_ms("target"), eager=median_ms("eager"))
     if "draft" in runners:

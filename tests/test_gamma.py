@@ -363,3 +363,15 @@ def test_crossing_finds_the_alpha_and_c_a_goal_needs():
     assert by_c(c) >= 1.5 > by_c(c + 1e-3)
     assert crossing(50.0, by_alpha, 0.0, 0.999) is None
     assert crossing(1.01, by_c, 0.0, 0.01) == 0.01  # reached over the whole range: its largest c
+
+
+def test_a_curve_where_no_draft_could_pay_backs_off_from_the_first_step():
+    """Backoff speculates for its first `min_evidence` tokens whatever the curve; a curve under
+    which even an always-right draft loses (draft step as dear as a target step) needs no
+    evidence: target-only from the start, at the sizes where it holds."""
+    hopeless = SpeculationCost(1.0, {1: 1.0, 2: 1.5, 3: 2.0})
+    assert not hopeless.can_pay() and CPU_COST.can_pay()
+    p = BackoffGamma(FixedGamma(4), hopeless)
+    assert [p.next() for _ in range(30)] == [0] * 30 and p.fallbacks == 0
+    q = BackoffGamma(FixedGamma(4), CPU_COST, {8: hopeless})  # only batches of 8 or more lose
+    assert q.next(1) == 4 and q.next(8) == 0 and q.next(3) > 0

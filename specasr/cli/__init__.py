@@ -1,6 +1,6 @@
 """`specasr` command line: a thin click front end over the library.
 
-Commands live one module per family (transcribe, serve, eval, app, distill, bench); this one holds
+Commands live one module per family (transcribe, serve, eval, app, distill, bench, calibrate); this one holds
 the group and `models`. Exit codes: 0 success, 1 some input failed (the others were still processed),
 2 usage error, 130 interrupted (transcribe, eval).
 """
@@ -14,6 +14,7 @@ import click
 from specasr.backends import process
 from specasr.cli.app import app as app_command
 from specasr.cli.bench import bench as bench_command
+from specasr.cli.calibrate import calibrate as calibrate_command
 from specasr.cli.common import check_compute_type, load_models, model_options
 from specasr.cli.distill import distill as distill_command
 from specasr.cli.eval import eval_ as eval_command
@@ -63,6 +64,7 @@ for _command in (
     distill_command,
     bench_command,
     serve_command,
+    calibrate_command,
 ):
     main.add_command(_command)
 

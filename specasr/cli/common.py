@@ -352,6 +352,14 @@ def _stack(*options):
     return apply
 
 
+threads_option = click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="CPU threads for the models (0: torch's default, the cores this process may use).",
+)
+
 model_options = _stack(
     click.option(
         "--model",

@@ -39,6 +39,7 @@ from specasr.cli.common import (
     prepare_output_dir,
     ray_options,
     ray_settings,
+    threads_option,
 )
 from specasr.cli.decoding_options import check_suppress_tokens, whisper_options
 from specasr.options import (
@@ -263,13 +264,7 @@ def _connect(url: str, timeout: float, formats: list[str], task: str, api_key: s
     help="srt/vtt with --word-timestamps: one cue per word, the spoken word underlined.",
 )
 @whisper_options
-@click.option(
-    "--threads",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="CPU threads for the models (0: torch's default, the cores this process may use).",
-)
+@threads_option
 @click.option(
     "--verbose",
     is_flag=True,

@@ -77,11 +77,26 @@ class SpeculationCost:
         """The least α at which the best fixed γ beats target-only decoding."""
         return crossing(1.0, lambda a: best_speedup(a, self.c, self.verify)[0], 0.0, 0.999) or 1.0
 
+    def can_pay(self, margin: float = 1.0) -> bool:
+        """Whether any fixed γ could beat target-only decoding by `margin` with a draft that is
+        almost always right (α = 0.999); if not, no acceptance ever makes speculation pay."""
+        return best_speedup(0.999, self.c, self.verify)[0] >= margin
+
     @classmethod
     def parse(cls, c: str, verify: str) -> SpeculationCost:
         """From metadata strings: c "0.2", verify "2:1.28,3:1.50,…" (v(1) = 1 is implied)."""
         pairs = (item.split(":") for item in verify.split(",") if item.strip())
         return cls(float(c), {1: 1.0} | {int(k): float(v) for k, v in pairs})
+
+
+def monotone(verify: dict[int, float]) -> dict[int, float]:
+    """A measured v(k) with each value raised to the one before it: a pass over more tokens
+    never costs less, and a noisy dip would make the policy prefer that γ."""
+    out, top = {}, 0.0
+    for k in sorted(verify):
+        top = max(top, verify[k])
+        out[k] = top
+    return out
 
 
 def stored_cost(pair) -> SpeculationCost | None:
@@ -287,7 +302,11 @@ class BackoffGamma(GammaPolicy):
     untrained: the draft was not trained on this decode's language (a distilled draft's
     recipe names its languages). Then it starts target-only for `untrained_wait` steps
     (default `probe_max`), with a prior of α = 0 worth `untrained_prior` tokens, and lets
-    the probes show otherwise."""
+    the probes show otherwise.
+
+    A cost curve under which even a draft that is always right could not win (`can_pay`: a
+    CPU whose draft step costs nearly a target pass) makes the passes at that size target-only
+    from the start, without the probes."""
 
     inner: GammaPolicy
     cost: SpeculationCost
@@ -336,6 +355,8 @@ class BackoffGamma(GammaPolicy):
 
     def next(self, rows: int = 1) -> int:
         self._rows = rows
+        if not self.cost_now.can_pay(self.margin):  # a curve under which no draft could pay
+            return 0
         if self._off > 0:
             self._off -= 1
             return 0
@@ -361,6 +382,11 @@ class BackoffGamma(GammaPolicy):
         self.fallbacks += 1
 
 
+def backs_off(name: str, device: str) -> bool:
+    """Whether the γ policy `name` on `device` is the backoff policy (judged by cost curves)."""
+    return name == "backoff" or (name == "auto" and device == "cpu")
+
+
 def make_policy(
     name: str,
     gamma: int,
@@ -369,6 +395,7 @@ def make_policy(
     cost: SpeculationCost | None = None,
     untrained: bool = False,
     int8_target: bool = False,
+    batch: dict[int, SpeculationCost] | None = None,
 ) -> GammaPolicy:
     """`auto` is fixed with backoff on CPU, where verifying k tokens costs more with every k
     (so long drafts that are all accepted are not worth growing, and a draft that agrees
@@ -378,12 +405,14 @@ def make_policy(
     exactly; analytic is not (its γ follows measured times). cost: the stored cost curve
     for backoff at one row (default `CPU_COST`, or `CPU_COST_INT8` for an int8 target on a
     CPU; on a CPU batches use `CPU_BATCH_COSTS`, or `CPU_BATCH_COSTS_INT8` for an int8
-    target: `int8_target`); untrained: the draft never saw
+    target: `int8_target`); batch: curves for B > 1 rows measured on this machine
+    (`specasr.decode.calibration`) in place of those tables; untrained: the draft never saw
     the decode's language (backoff starts target-only)."""
     if name == "auto":
-        name = "backoff" if device == "cpu" else "adaptive"
+        name = "backoff" if backs_off(name, device) else "adaptive"
     if name == "backoff":
-        batch = cpu_batch_costs(int8_target) if device == "cpu" else {}
+        if batch is None:
+            batch = cpu_batch_costs(int8_target) if device == "cpu" else {}
         single = cost or (CPU_COST_INT8 if int8_target and device == "cpu" else CPU_COST)
         return BackoffGamma(FixedGamma(gamma), single, batch, untrained=untrained)
     if name == "fixed":

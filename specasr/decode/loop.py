@@ -23,7 +23,8 @@ from torch import Tensor
 from specasr.backends.cpu import heap
 from specasr.constants import N_TEXT_CTX, int8_decoder
 from specasr.decode.beam import BeamSearch, Window, best_of
-from specasr.decode.gamma import make_policy, stored_cost
+from specasr.decode.calibration import measured_costs
+from specasr.decode.gamma import backs_off, make_policy, stored_cost
 from specasr.decode.graphed import device_loop_plan, device_results
 from specasr.decode.race import KeyedRace
 from specasr.decode.runners import make_runner, prompt_tail
@@ -39,18 +40,25 @@ from specasr.stats import Clock, DecodeStats, timed
 class DecodeLoop:
     """Runs one batched decode to the end and returns its rows."""
 
-    def __init__(self, pair, options: DecodeOptions, task: Task, stats: DecodeStats, hooks: Hooks) -> None:
+    def __init__(
+        self, pair, options: DecodeOptions, task: Task, stats: DecodeStats, hooks: Hooks, rows: int = 1
+    ) -> None:
+        """rows: the batch's rows at the start (its cost curves are those of up to that many)."""
         self.pair, self.options, self.task, self.stats, self.hooks = pair, options, task, stats, hooks
         langs = getattr(pair, "draft_languages", None)  # what a distilled draft was trained on
         untrained = langs is not None and options.language is not None and options.language not in langs
+        measured = None  # this machine's cost curves (`calibration`), else the stored ones decide
+        if options.speculative and backs_off(options.gamma_policy, pair.device.type):
+            measured = measured_costs(pair, rows)
         self.policy = make_policy(
             options.gamma_policy,
             options.gamma,
             options.gamma_max,
             pair.device.type,
-            stored_cost(pair),  # a draft's stored cost curve, for the backoff policy
+            measured.single if measured else stored_cost(pair),  # else a draft's stored curve
             untrained,
-            int8_decoder(getattr(pair, "compute_type", "float32")),  # its batch cost curves
+            int8_decoder(getattr(pair, "compute_type", "float32")),  # its stored batch curves
+            measured.batch if measured else None,
         )
         clock = Clock(stats, pair.device, options.timing or self.policy.wants_times)
         gen = torch.Generator(device=pair.device).manual_seed(options.seed)
@@ -179,7 +187,8 @@ def decode_states(
     if plan is not None:  # CUDA, greedy: one graph per step
         with timed(stats, "decoder_s", pair.device):
             return device_results(pair, target_states, draft_states, options, task, plan, stats)
-    loop = DecodeLoop(pair, options, task, stats, hooks or Hooks())
+    rows = target_states.shape[0] * options.candidates  # beams, best-of: rows each
+    loop = DecodeLoop(pair, options, task, stats, hooks or Hooks(), rows)
     drafts = draft_states if options.speculative else None
     if options.temperature == 0 and options.beam_size > 1:
         speculate = options.speculative_beams

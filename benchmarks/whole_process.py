@@ -1,7 +1,7 @@
 """Whole-process speed and memory: `specasr transcribe` against faster-whisper, side by side.
 
     python -m benchmarks.whole_process --repeats 5 [--long [--batched]] [--threads N]
-        [--corpus CORPUS/heldout --source asterisk:en --per-source 16]
+        [--corpus CORPUS/heldout --source asterisk:en --per-source 16] [--busy 0,1,2]
 
 Each command runs as a fresh process, as a user runs it (specasr's bytecode compiled first,
 as an install from a wheel has it: `compile_bytecode`), in interleaved rounds so machine
@@ -27,6 +27,11 @@ Rows:
 
 faster-whisper is optional (`pip install "specasr[bench]"`); without it those rows are skipped.
 Run it on a quiet machine: a second busy process makes CTranslate2's threads spin.
+
+`--busy 0,1,2`: a busy machine, as users' machines are. Each round runs every row beside 0, 1
+and 2 busy processes (a pure-Python loop each, started before the row's process and stopped
+after it), the levels interleaved within the round; the table gives each row's median wall per
+level and its slowdown, that median ÷ the row's own median with no busy process.
 """
 
 from __future__ import annotations
@@ -193,6 +198,59 @@ def table(rows: list[Row], reference: str | None) -> str:
     return "\n".join(lines)
 
 
+BUSY = "while True: pass"  # one core's worth of work that never yields
+
+
+def beside_busy(n: int, command: list[str]) -> tuple[float, float, str]:
+    """`run_measured(command)` with `n` busy processes running beside it."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
+    try:
+        time.sleep(0.3 if n else 0.0)  # past their interpreters' start: each is spinning
+        return run_measured(command)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def measure_busy(rows: list[Row], repeats: int, levels: list[int]) -> dict[str, dict[int, list[float]]]:
+    """Interleaved rounds as `measure`, each row at every busy level in turn: row name -> level ->
+    wall seconds per round (after one quiet warm-up round)."""
+    for r in rows:
+        run_measured(r.command)
+    walls = {r.name: {n: [] for n in levels} for r in rows}
+    for _ in range(repeats):
+        for r in rows:
+            for n in levels:
+                wall, rss, out = beside_busy(n, r.command)
+                walls[r.name][n].append(wall)
+                r.outputs.append(out.strip())
+    return walls
+
+
+def chosen(rows: list[Row], only: str | None) -> list[Row]:
+    """The rows whose name contains one of the comma-separated parts of `only` (all: None)."""
+    if only is None:
+        return rows
+    parts = [p.strip() for p in only.split(",") if p.strip()]
+    return [r for r in rows if any(p in r.name for p in parts)]
+
+
+def busy_table(walls: dict[str, dict[int, list[float]]]) -> str:
+    """Per row: the median wall at each busy level and its slowdown against the quiet level."""
+    levels = sorted(next(iter(walls.values())))
+    head = " | ".join(f"{n} busy: s | slowdown" if n else "quiet: s" for n in levels)
+    lines = [f"| command | {head} |", "|---" * (1 + sum(2 if n else 1 for n in levels)) + "|"]
+    for name, by_level in walls.items():
+        quiet = statistics.median(by_level[levels[0]])
+        cells = []
+        for n in levels:
+            m = statistics.median(by_level[n])
+            cells.append(f"{m:.2f} | {m / quiet:.2f}×" if n else f"{m:.2f}")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def measure(rows: list[Row], repeats: int) -> None:
     """Interleaved rounds: every row once per round, `repeats` rounds, after one warm-up round
     (which fills the conversion cache and the page cache)."""
@@ -220,6 +278,17 @@ def measure(rows: list[Row], repeats: int) -> None:
     is_flag=True,
     help="Long-form fixture: also each system's batched text-only path (VAD, batches of 8, no timestamps).",
 )
+@click.option(
+    "--busy",
+    default=None,
+    help="Busy levels, e.g. 0,1,2: each row beside that many busy processes (0 first: the quiet "
+    "reference); only the long recording with --long.",
+)
+@click.option(
+    "--only",
+    default=None,
+    help="Comma-separated parts of row names: time only the rows whose name contains one of them.",
+)
 @corpus_options
 def main(
     repeats: int,
@@ -227,6 +296,8 @@ def main(
     threads: int,
     data: str,
     batched: bool,
+    busy: str | None,
+    only: str | None,
     corpus: str | None,
     source: str,
     per_source: int,
@@ -236,6 +307,14 @@ def main(
 
     from specasr.backends.cpu import bf16
 
+    levels = None
+    if busy is not None:
+        try:
+            levels = sorted({int(n) for n in busy.split(",") if n.strip()})
+        except ValueError as e:
+            raise click.BadParameter(f"{busy!r}: expected levels such as 0,1,2", param_hint="--busy") from e
+        if not levels or levels[0] != 0:
+            raise click.BadParameter("the levels must include 0, the quiet reference", param_hint="--busy")
     compile_bytecode()
     work = Path(tempfile.mkdtemp(prefix="specasr-whole-"))
     try:
@@ -257,12 +336,21 @@ def main(
             if language not in (None, "en"):
                 raise click.BadParameter(f"{source} is {language}: both systems decode English here")
             clips.append((f"{what} ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
+        if levels is not None:  # the busy machine: one recording, every row at every level
+            title, clip, with_batched = clips[-1]
+            rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)
+            if not rows:
+                raise click.BadParameter(f"{only!r} names none of the rows", param_hint="--only")
+            walls = measure_busy(rows, repeats, levels)
+            click.echo(f"{repeats} rounds, interleaved, fresh processes; {os.cpu_count()} cores\n")
+            click.echo(f"### {title}, beside busy processes\n\n{busy_table(walls)}\n")
+            return
         load = Row('import + load_pair("base")', [sys.executable, "-c", LOAD_SCRIPT])
         measure([load], repeats)
         click.echo(f"{repeats} runs each, interleaved, fresh processes; {os.cpu_count()} cores\n")
         click.echo(table([load], None) + "\n")
         for title, clip, with_batched in clips:
-            rows = rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available())
+            rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)
             measure(rows, repeats)
             click.echo(f"### {title}\n")
             click.echo(table(rows, "faster-whisper float32" if fw_dir else None) + "\n")

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from benchmarks.whole_process import BATCHED, FW_SCRIPT, ct2_dir, rows_for
+from benchmarks.whole_process import (
+    BATCHED,
+    FW_SCRIPT,
+    Row,
+    beside_busy,
+    busy_table,
+    chosen,
+    ct2_dir,
+    rows_for,
+)
 from specasr.cli import main
 
 EXAMPLE = str(files("specasr") / "assets" / "example.wav")
@@ -58,3 +67,41 @@ def test_faster_whispers_batched_script_transcribes_the_example(tmp_path):
     cmd = [sys.executable, "-c", FW_SCRIPT, str(ct2_dir(tmp_path)), "int8", "2", EXAMPLE, "8"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert len(out.stdout.split()) > 5 and "PHASES" in out.stderr
+
+
+def test_only_keeps_the_rows_named():
+    rows = rows_for("x.wav", Path("ct2"), 2, batched=True)
+    kept = chosen(rows, "exact --compute-type int8, faster-whisper int8")
+    assert kept and all(
+        "exact --compute-type int8" in r.name or "faster-whisper int8" in r.name for r in kept
+    )
+    assert chosen(rows, None) == rows and chosen(rows, "nothing like it") == []
+
+
+# counts the processes whose command line ends in `-c BUSY` (not this script: BUSY is its argument)
+COUNT_BUSY = """
+import glob
+from benchmarks.whole_process import BUSY
+n = 0
+for p in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        n += open(p, "rb").read().endswith(b"-c\\0" + BUSY.encode() + b"\\0")
+    except OSError:
+        pass
+print(n)
+"""
+
+
+def test_busy_processes_run_beside_the_command_and_are_gone_after():
+    before = int(subprocess.run([sys.executable, "-c", COUNT_BUSY], capture_output=True, text=True).stdout)
+    seen = int(beside_busy(2, [sys.executable, "-c", COUNT_BUSY])[2])
+    after = int(subprocess.run([sys.executable, "-c", COUNT_BUSY], capture_output=True, text=True).stdout)
+    assert seen == before + 2 and after == before
+
+
+def test_the_busy_table_gives_each_level_beside_the_quiet_median():
+    walls = {"fw": {0: [2.0, 2.2, 1.8], 1: [3.0, 3.0, 3.3], 2: [4.0, 4.1, 3.9]}}
+    lines = busy_table(walls).splitlines()
+    assert lines[0] == "| command | quiet: s | 1 busy: s | slowdown | 2 busy: s | slowdown |"
+    assert lines[2] == "| fw | 2.00 | 3.00 | 1.50× | 4.00 | 2.00× |"
+    assert Row("x", []).walls == []

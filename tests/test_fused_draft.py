@@ -198,20 +198,36 @@ def test_one_openmp_runtime_is_mapped_with_the_library():
     assert len(runtimes) == 1, runtimes
 
 
-def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair, draft):
-    """The fused step reads the rows fbgemm was packed from (`Int8Linear.kept_of`), and no
-    `Int8Linear` keeps them afterwards; without the fused step nothing extra is held."""
+def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair):
+    """The fused step reads the int8 rows its `Int8Linear`s keep (`Int8Linear.kept_of`): the same
+    tensors, quantised once. fbgemm's packed copy of them is made only by a pass that runs the
+    torch path (its products bitwise those of a module packed at once), never by one-token
+    steps; without the fused step each module holds fbgemm's copy alone."""
     from specasr.backends.cpu.linear import Int8Linear, _quantize_rows
     from specasr.models.draft import load_draft
     from specasr.models.loading import packaged_draft
 
-    assert all(m.kept is None for m in draft.modules() if isinstance(m, Int8Linear))
-    fc1 = draft.layers[0].fc1
     raw = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
     q, _ = _quantize_rows(raw.layers[0].fc1.weight, 127)
-    assert any(torch.equal(t.w, q) for t in draft.fused.keep if isinstance(t, fused._Int8))
-    with pytest.raises(ValueError, match="keep=True"):
-        fused._Int8(fc1)  # its rows were handed over
+    lazy = load_draft(packaged_draft("base"), base_pair.target, base_pair.dtype, base_pair.device)
+    lazy.quantize_int8()
+    read = {t.w.data_ptr() for t in lazy.fused.keep if isinstance(t, fused._Int8)}
+    int8s = [m for m in lazy.modules() if isinstance(m, Int8Linear)] + [lazy._head_int8]
+    steps = [lazy._head_int8] + [
+        lin
+        for layer in lazy.layers
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj)
+        + (layer.encoder_attn.out_proj, layer.fc1, layer.fc2)
+    ]
+    assert {m.kept[0].data_ptr() for m in steps} == read  # the C step's rows are the modules' own
+    assert torch.equal(lazy.layers[0].fc1.kept[0], q)
+    states = torch.zeros(1, 1500, 512)  # its cross K/V the target's (`cross_from`), as in a decode
+    runner = make_runner(lazy, states, make_runner(base_pair.target, states))
+    runner(torch.tensor([[50258, 50259, 50359]]), 1, reduced=True)  # a window's start: the C step
+    assert all(m._packed is None for m in int8s)  # no second copy
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
     plain = raw.quantize_int8(fused=False)
     assert plain.fused is None and make_runner(plain, torch.zeros(1, 1500, 512))._fused is None
-    assert all(m.kept is None for m in plain.modules() if isinstance(m, Int8Linear))
+    assert all(m.kept is None and m._packed is not None for m in plain.modules() if isinstance(m, Int8Linear))
+    assert torch.equal(lazy.layers[0].fc1(x), plain.layers[0].fc1(x))  # packed on first use: the same
+    assert lazy.layers[0].fc1._packed is not None

@@ -11,7 +11,7 @@ import torch
 from hf_oracle import hf_config, hf_twin
 from tiny_pairs import random_tiny_pair
 
-from specasr.backends.cpu.linear import PackedLinear, packed_available
+from specasr.backends.cpu.linear import MappedLinear, PackedLinear, packed_available
 from specasr.decode.loop import decode
 from specasr.models.convert import cached_conversion
 from specasr.models.loading import load_pair, offline_files
@@ -143,8 +143,8 @@ def test_transposed_cache_holds_the_same_weights():
     assert not any("embed_tokens" in k or k.startswith("model.encoder.") for k in side)
     model = load_whisper(directory, torch.float32, torch.device("cpu"))
     layer = model.model.decoder.layers[0]
-    cross_k = layer.encoder_attn.k_proj  # runs once per window, over 1500 frames: a plain Linear
-    assert type(cross_k) is torch.nn.Linear
+    cross_k = layer.encoder_attn.k_proj  # runs once per window, over 1500 frames: read from the file
+    assert isinstance(cross_k, MappedLinear)
     assert torch.equal(cross_k.weight, main["model.decoder.layers.0.encoder_attn.k_proj.weight"])
     q = layer.self_attn.q_proj  # the step's matrices: packed once, the dense copy freed
     if packed_available():
@@ -155,14 +155,14 @@ def test_transposed_cache_holds_the_same_weights():
 @pytest.mark.slow  # real weights
 def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
     """From the conversion cache on CPU: the tied embedding is a map of the file (only
-    looked-up rows resident) and the head its oneDNN-packed form; the encoder's matrices
-    rest in fp16. Values are unchanged: lookups and encoder outputs are bitwise the fp32
-    model's, the head's products equal F.linear up to summation order. `use_half_weights`
-    then adds fbgemm fp16-packed forms of the decoder's matrices and the head."""
+    looked-up rows resident) and the head its oneDNN-packed form; the matrices that run once
+    per window (the encoder's, the cross K/V projections) stay maps of the file. Values are
+    unchanged: lookups, encoder outputs and cross K/V are bitwise the fp32 model's, the head's
+    products equal F.linear up to summation order. `use_half_weights` then adds fbgemm
+    fp16-packed forms of the decoder's matrices and the head."""
     from specasr.backends.cpu.linear import (
         HalfPackedHead,
         HalfPackedLinear,
-        HalfStoredLinear,
         PackedHead,
         half_available,
     )
@@ -192,14 +192,25 @@ def test_a_cpu_load_holds_each_weight_once_in_its_run_form():
             )
         assert isinstance(model.proj_out.wide, PackedHead)
 
-    linears = [m for m in model.model.encoder.modules() if isinstance(m, HalfStoredLinear)]
+    # the matrices that run once per window stay in the file; a pass leaves none of them resident
+    linears = [m for m in model.model.encoder.modules() if isinstance(m, MappedLinear)]
     assert len(linears) == 6 * model.config.encoder_layers
-    assert all(m.weight.dtype == torch.float16 for m in linears)
+    layers = model.model.decoder.layers
+    cross = [getattr(layer.encoder_attn, n) for layer in layers for n in ("k_proj", "v_proj")]
+    assert all(isinstance(m, MappedLinear) for m in cross)
+    assert all(m.mapped.data_ptr() in mapped._MAPS for m in linears + cross)
+    assert not any(p.numel() > 1 << 16 for m in linears for p in m.parameters())  # biases only
     reference = from_tensors(model.config, main)  # the plain fp32 modules, no run forms
-    assert not any(isinstance(m, HalfStoredLinear) for m in reference.modules())
+    assert not any(isinstance(m, MappedLinear) for m in reference.modules())
+    mine, theirs = model.model.encoder.state_dict(), reference.model.encoder.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert torch.equal(mine["layers.0.fc1.weight"], theirs["layers.0.fc1.weight"])
     mel = torch.randn(1, model.config.num_mel_bins, 3000, generator=torch.Generator().manual_seed(1))
+    states = torch.randn(1, 1500, model.config.d_model, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         assert torch.equal(model.model.encoder(mel), reference.model.encoder(mel))
+        for mine, theirs in zip(model.model.decoder.layers, reference.model.decoder.layers):
+            assert all(torch.equal(a, b) for a, b in zip(mine.cross_kv(states), theirs.cross_kv(states)))
 
 
 def test_a_checkpoint_that_does_not_fit_is_refused(saved_tiny, tmp_path):

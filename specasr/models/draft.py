@@ -252,16 +252,17 @@ class DistilledDraft(nn.Module):
             raise ValueError("int8 drafts run on CPU only")
         for layer in self.layers:
             fuse_qkv(layer.self_attn, lambda fused: fused)  # quantised with the rest, below
-        make = Int8Linear.kept_of if fused else Int8Linear.of  # the fused step reads the int8 rows too
+        # the fused step reads the int8 rows; the torch path packs the same rows on first use
+        make = Int8Linear.kept_of if fused else Int8Linear.of
         # fbgemm packs each matrix on one core (the head is the largest): all of them at once
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
             head = pool.submit(Int8Linear, self._shared["head"], None, keep=fused)  # [N, d]
             swap_linears(self.layers, make, pool)
             self._head_int8 = head.result()
-        self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
-        for m in [self._head_int8, *self.layers.modules()]:
-            if isinstance(m, Int8Linear):
-                m.kept = None  # the fused step holds what it reads; without it, nothing is held
+            self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
+            if fused and self.fused is None:  # no C step after all: fbgemm's copies only, now
+                int8s = [m for m in [self._head_int8, *self.layers.modules()] if isinstance(m, Int8Linear)]
+                list(pool.map(Int8Linear.pack, int8s))
         del self._shared["head"]  # the fp32 copy goes
         self.cross_dtype = (
             torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32

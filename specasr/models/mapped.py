@@ -6,7 +6,9 @@ so the embedding itself is only ever read a few rows at a time, by token lookups
 from the conversion cache keeps just the looked-up pages resident instead of all 106 MB; the
 packing reads it block by block, dropping each block's pages after it (`release`). The
 loader maps the rest of the cache too (`map_file`): matrices it turns into other forms are
-read in place, never copied first.
+read in place, never copied first. Matrices that run once per window (the encoder's, the
+cross-attention K/V projections) stay maps for good (`release_pages`): each call copies its
+matrix out and drops the pages it read, so between windows they hold no resident memory.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def span(path: str | Path, name: str) -> Span | None:
 
 
 _MAPS: dict[int, mmap.mmap] = {}  # the data pointer of each mapped tensor -> its map
+_BASES: dict[int, int] = {}  # id of a `map_file` map -> the address of its first byte
 
 
 def map_tensor(path: str | Path, where: Span) -> Tensor:
@@ -74,9 +77,12 @@ def map_tensor(path: str | Path, where: Span) -> Tensor:
     return flat.view(where.shape)
 
 
-def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict[str, Tensor]:
-    """Every floating tensor of a safetensors file but `skip`, as views of one copy-on-write
-    map of the file (as `map_tensor`): no read and no copy; a page is resident once touched.
+def map_file(
+    path: str | Path, skip: set[str] | frozenset = frozenset(), only: set[str] | None = None
+) -> dict[str, Tensor]:
+    """Every floating tensor of a safetensors file but `skip` (only those in `only`, when given),
+    as views of one copy-on-write map of the file (as `map_tensor`): no read and no copy; a
+    page is resident once touched.
     A loader that turns most of them into other forms (packed, halved) then drops the map's
     pages with `release` on any one of them; the tensors it kept fault theirs back in from
     the page cache when used. A tensor of another dtype, or one the file is too short
@@ -87,7 +93,7 @@ def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     out: dict[str, Tensor] = {}
     for name, info in header.items():
-        if name in skip:
+        if name in skip or (only is not None and name not in only):
             continue
         if info["dtype"] not in _DTYPES:
             raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, not a floating type")
@@ -101,6 +107,7 @@ def map_file(path: str | Path, skip: set[str] | frozenset = frozenset()) -> dict
             continue
         flat = torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + start)  # keeps mm alive
         _MAPS[flat.data_ptr()] = mm
+        _BASES[id(mm)] = flat.data_ptr() - (8 + n + start)
         out[name] = flat.view(info["shape"])
     return out
 
@@ -131,7 +138,8 @@ def own(module: torch.nn.Module, *maps: dict[str, Tensor]) -> None:
                 if in_map(t):
                     setattr(sub, name, t.detach().clone())
     for a, _ in spans:
-        _MAPS.pop(a, None)
+        if (mm := _MAPS.pop(a, None)) is not None:
+            _BASES.pop(id(mm), None)
 
 
 def gather_rows(t: Tensor, ids: Tensor, chunk: int = 256) -> Tensor:
@@ -145,6 +153,22 @@ def gather_rows(t: Tensor, ids: Tensor, chunk: int = 256) -> Tensor:
         out[start : start + chunk] = t[ids[start : start + chunk]]
         release(t)
     return out
+
+
+def release_pages(t: Tensor) -> bool:
+    """Drops the resident pages that lie wholly inside a `map_file` tensor's own bytes, and no
+    others of its map: what a form that reads its matrix once per window (`MappedLinear`) read.
+    Later reads fault them back in from the page cache. False (and nothing done) for other
+    tensors."""
+    mm = _MAPS.get(t.data_ptr())
+    if mm is None or id(mm) not in _BASES or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    start = t.data_ptr() - _BASES[id(mm)]  # in the map
+    page = mmap.PAGESIZE
+    first, end = -(-start // page) * page, (start + t.numel() * t.element_size()) // page * page
+    if end > first:  # the partial pages at either end stay: they hold a neighbour's bytes too
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+    return True
 
 
 def release(t: Tensor) -> bool:

@@ -390,7 +390,8 @@ def load_whisper(
     On a CPU in fp32, from the conversion cache (model.safetensors plus TRANSPOSED_FILE): the
     decoder layers' matrices are read as Wᵀ; the tied embedding/head is held once, as oneDNN
     blocks packed from the file (`PackedHead`), with the table itself memory-mapped for
-    lookups; the encoder's matrices rest in fp16 when the source was fp16 (`HalfStoredLinear`).
+    lookups; the matrices that run once per window (the encoder's, the cross-attention K/V
+    projections) stay in the file, read by each call (`MappedLinear`).
     Elsewhere the checkpoint's tensors are read as they are. pack False leaves the decoder and
     head as plain Linear modules (for `quantize_target`, which replaces them anyway)."""
     d = Path(directory)
@@ -416,10 +417,9 @@ def load_whisper(
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
-    from specasr.backends.cpu.linear import HalfStoredLinear, PackedHead, swap_linears
+    from specasr.backends.cpu.linear import PackedHead
 
-    if mapped.metadata(main).get("source_dtype") == "float16":  # fp16 at rest loses nothing
-        swap_linears(model.model.encoder, HalfStoredLinear.of)  # the encoder runs once per window
+    _map_once(model, main, cross=pack)
     release(rest)  # each step below drops the map pages it read: the peak stays one form's size
     if mapped_embed and pack:
         embed = model.proj_out.weight
@@ -438,6 +438,32 @@ def load_whisper(
     for group in (stored, rest):
         release(group)
     return model  # the maps close with `stored` and `rest`
+
+
+def _map_once(model: Whisper, main: Path, cross: bool) -> None:
+    """Replaces the Linear modules that run once per window, the encoder's and (cross) the
+    decoder's cross-attention K/V projections, by `MappedLinear`s over a map of `main` of
+    their own, which `mapped.own` leaves mapped: their matrices (base: 76 MB of the encoder's,
+    13 MB of K/V) then take no resident memory between windows, and one matrix at a time in a
+    window's pass. cross False (an int8 target) keeps the K/V projections plain Linear, whose
+    weight its Kᵀ product multiplies by (`DecoderLayer.cross_kv`)."""
+    from specasr.backends.cpu.linear import MappedLinear
+
+    slots = [
+        (parent, child_name, f"{name}.{child_name}.weight")
+        for name, parent in model.named_modules()
+        for child_name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+        and (
+            name.startswith("model.encoder.")
+            or (cross and name.endswith(".encoder_attn") and child_name in ("k_proj", "v_proj"))
+        )
+    ]
+    weights = mapped.map_file(main, only={key for _, _, key in slots})
+    for parent, child_name, key in slots:
+        w = weights[key]  # [out, in] fp32
+        form = MappedLinear(w, getattr(parent, child_name).bias, lambda w=w: mapped.release_pages(w))
+        setattr(parent, child_name, form)
 
 
 def release(tensors: dict[str, Tensor]) -> None:

@@ -272,13 +272,13 @@ class LeanRunner:
         self._states, self._rows = states, None  # [B0, S, d] as given; the kept rows of it (None: all)
         B = states.shape[0]
         self.lengths = [0] * B  # per row: positions the cache holds
+        self._steps = None  # built on the first pass that needs them (`steps`)
         if form is None and isinstance(decoder, LeanDecoder):
-            self.steps = decoder.steps
+            self._steps = decoder.steps
             form = decoder.form
         else:
             own = getattr(decoder, "form", None)  # a distilled draft's, chosen at its load
             form = form or (own if isinstance(own, LayerForm) else choose(decoder.layers))
-            self.steps = form.steps(decoder.layers)
         self.form = form
         # an int8 target's layers attend row-invariantly over a `fixed_mask` (`backends.cpu.invariant`)
         self.fixed = form.fixed_rows > 0
@@ -300,6 +300,15 @@ class LeanRunner:
         self.k = [states.new_zeros(shape) for _ in decoder.layers]
         self.v = [states.new_zeros(shape) for _ in decoder.layers]
         self._fused = self._bind_fused()
+
+    @property
+    def steps(self) -> tuple:
+        """One step per layer in the runner's form, built by the first pass through the layers:
+        a draft whose passes all run its fused C step never builds them, nor so the packed
+        products they take (`Int8Linear.packed`, made on first use)."""
+        if self._steps is None:
+            self._steps = self.form.steps(self.decoder.layers)
+        return self._steps
 
     def _bind_fused(self):
         """A draft's one-token step in C (`specasr.backends.cpu.fused`) bound to this runner's

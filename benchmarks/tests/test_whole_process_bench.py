@@ -20,8 +20,8 @@ from benchmarks.whole_process import (
     busy_table,
     chosen,
     ct2_dir,
-    spinning,
     rows_for,
+    spinning,
 )
 from specasr.cli import main
 

@@ -244,10 +244,12 @@ def pass_times(
 
 def measure(pair, rows=ROWS, max_k: int = MAX_K, repeats: int = REPEATS) -> dict[int, SpeculationCost]:
     """Times the pair's draft step and the target's passes over 1 … max_k tokens at each batch
-    size in `rows`, on random encoder states (the costs do not depend on the values): one pair
-    of runners at the largest size, compacted down to each smaller one (`keep`), so the
-    cross-attention K/V are computed once. Each time is the least of `repeats` round-robin
-    passes: another process's work lands on some passes, never on all."""
+    size in `rows`, on random encoder states (the costs do not depend on the values). Batches
+    share one pair of runners made at the largest size and compacted down to each smaller one
+    (`keep`), so their cross-attention K/V are computed once; one row gets runners of its own,
+    as a sequential decode does (a distilled draft's fused one-token step binds to one row at
+    the start). Each time is the least of `repeats` round-robin passes: another process's work
+    lands on some passes, never on all."""
     import torch
 
     from specasr.decode.runners import make_runner
@@ -265,16 +267,27 @@ def measure(pair, rows=ROWS, max_k: int = MAX_K, repeats: int = REPEATS) -> dict
         if not pair.shared_encoder:
             d_draft = pair.draft.config.d_model
             draft_states = torch.randn(sizes[0], 1500, d_draft, generator=gen).to(pair.device, pair.dtype)
-        target = make_runner(pair.target, states, private=True)
-        draft = make_runner(pair.draft, draft_states, target)
+
+        def runners(b: int) -> dict:
+            mine = states[:b]  # [b, 1500, d]: the draft shares the target's cross K/V on these
+            target = make_runner(pair.target, mine, private=True)
+            return {
+                "target": target,
+                "draft": make_runner(pair.draft, mine if pair.shared_encoder else draft_states[:b], target),
+            }
+
+        pairs = None
         for b in sizes:
-            if b < sizes[0]:
-                target.keep(list(range(b)))
-                draft.keep(list(range(b)))
+            if b == 1:
+                pairs = runners(1)
+            elif pairs is None:
+                pairs = runners(b)
+            else:
+                for runner in pairs.values():
+                    runner.keep(list(range(b)))
             prefix = torch.tensor([tok.sot_sequence("en", "transcribe", False)] * b, device=pair.device)
             new = torch.tensor([text] * b, device=pair.device)  # [b, max_k]
-            runners = {"target": target, "draft": draft}
-            t = pass_times(runners, prefix, new, ks, repeats, reduced=("draft",), pick=min)
+            t = pass_times(pairs, prefix, new, ks, repeats, reduced=("draft",), pick=min)
             one = t["target"][1]
             curves[b] = SpeculationCost(
                 t["draft"][1] / one, monotone({k: s / one for k, s in t["target"].items()})

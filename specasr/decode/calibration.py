@@ -19,6 +19,7 @@ cache: the curves are read once per process, never timed inside the loop.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,14 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specasr.cache import default_cache_root, store
-from specasr.decode.gamma import (
-    CPU_COST,
-    CPU_COST_INT8,
-    SpeculationCost,
-    cpu_batch_costs,
-    monotone,
-    stored_cost,
-)
+from specasr.decode.gamma import SpeculationCost, make_policy, monotone, stored_cost
 
 VERSION = 1  # of the measurement and the file; a new one measures afresh
 ROWS = (1, 2, 4, 8)  # batch sizes measured: one row (sequential), and the chunked strategy's batches
@@ -91,8 +85,10 @@ def mode() -> str:
     return value
 
 
+@functools.cache
 def cpu() -> dict:
-    """This CPU as the curves depend on it: its model name and the flags that pick kernels."""
+    """This CPU as the curves depend on it: its model name and the flags that pick kernels
+    (read once: every decode's key asks, and /proc/cpuinfo grows with the cores)."""
     name, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -296,14 +292,14 @@ def measure(pair, rows=ROWS, max_k: int = MAX_K, repeats: int = REPEATS) -> dict
 
 
 def stored_tables(pair) -> dict[int, SpeculationCost]:
-    """The curves the backoff policy falls back to for this pair, by batch size: a draft's own
-    stored curve or the built-in one (`gamma.CPU_COST`, `CPU_COST_INT8` for an int8 target) at one
-    row, the built-in batch tables above."""
+    """The curves the backoff policy falls back to for this pair, by batch size: at one row a
+    draft's own stored curve or the built-in one, the built-in batch tables above; as
+    `gamma.make_policy` picks them when nothing is measured."""
     from specasr.constants import int8_decoder
 
     int8 = int8_decoder(getattr(pair, "compute_type", "float32"))
-    single = stored_cost(pair) or (CPU_COST_INT8 if int8 else CPU_COST)
-    return {1: single} | cpu_batch_costs(int8)
+    policy = make_policy("backoff", 1, 1, "cpu", stored_cost(pair), int8_target=int8)
+    return {1: policy.cost} | policy.batch
 
 
 def calibrate(pair, rows=ROWS, repeats: int = REPEATS, root: Path | None = None):

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from specasr.constants import COST_KEYS
@@ -77,10 +78,16 @@ class SpeculationCost:
         """The least α at which the best fixed γ beats target-only decoding."""
         return crossing(1.0, lambda a: best_speedup(a, self.c, self.verify)[0], 0.0, 0.999) or 1.0
 
+    @functools.cached_property
+    def ceiling(self) -> float:
+        """The best fixed γ's speedup with a draft that is almost always right (α = 0.999):
+        what no acceptance can beat (asked at every backoff step, so computed once)."""
+        return best_speedup(0.999, self.c, self.verify)[0]
+
     def can_pay(self, margin: float = 1.0) -> bool:
-        """Whether any fixed γ could beat target-only decoding by `margin` with a draft that is
-        almost always right (α = 0.999); if not, no acceptance ever makes speculation pay."""
-        return best_speedup(0.999, self.c, self.verify)[0] >= margin
+        """Whether any fixed γ could beat target-only decoding by `margin`; if not, no
+        acceptance ever makes speculation pay."""
+        return self.ceiling >= margin
 
     @classmethod
     def parse(cls, c: str, verify: str) -> SpeculationCost:

@@ -558,10 +558,12 @@ def quantize_target(model: Whisper) -> Whisper:
     The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
     (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
     faster per window but cost speech on the long-form fixture (measured: docs/benchmarks.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from specasr.backends.cpu.linear import Int8Head, Int8Linear
     from specasr.runtime.layers import fuse_qkv
 
-    for layer in model.model.decoder.layers:  # its layer form attends row-invariantly (`runtime.forms`)
+    def quantize(layer: DecoderLayer) -> None:  # its layer form attends row-invariantly (`runtime.forms`)
         fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
         for box, names in (
             (layer.self_attn, ("out_proj",)),
@@ -570,5 +572,12 @@ def quantize_target(model: Whisper) -> Whisper:
         ):
             for name in names:
                 setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
-    model.use_head_form(Int8Head(model.model.decoder.embed_tokens.weight))
+
+    # fbgemm packs a matrix on one thread, and the head is most of the packing: it goes first,
+    # and the layers share the other threads
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        head = pool.submit(Int8Head, model.model.decoder.embed_tokens.weight)
+        layers = pool.map(quantize, model.model.decoder.layers)
+        model.use_head_form(head.result())
+        list(layers)  # raises what a layer raised
     return model

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specasr.backends.cpu import heap
 from specasr.constants import FRAMES_PER_SECOND, N_FRAMES
 from specasr.longform.windows import (
     decode_with_fallback,
@@ -141,6 +142,7 @@ def chunked(
     prompt = window_prompt(hotword_tokens(tok, options), initial_prompt_tokens(tok, options), False)
     words = WordTimer.maybe(pair, options, info)  # None unless options.word_timestamps
     shown, n_segments = 0, 0  # lanes yielded so far, segments yielded so far
+    states = None  # the round's encoder states
     while shown < len(lanes):
         for lane in lanes[shown:]:
             while not lane.done and is_quiet(quiet, lane.seek, min(N_FRAMES, lane.end - lane.seek)):
@@ -152,6 +154,13 @@ def chunked(
             reuse = first if seeks[0] == 0 and sizes[0] == min(N_FRAMES, content) else None
             first = None  # the detection window is reused at most once
             stats = DecodeStats()
+            if states is not None:  # the last round's go before this round's are made
+                states = results = None
+                # a round's decode leaves its caches (cross K/V, a pass's logits for every row) free
+                # in the heap, in sizes the next round, its rows ragged otherwise, reuses only in
+                # part: the heap grew by most of a round every round (docs/benchmarks.md, "Memory
+                # of the batched path")
+                heap.trim()
             states = _encode(engine, mel, seeks, sizes, stats, reuse)
             results = decode_with_fallback(
                 engine, *states, options, info.language, prompt, options.decode.seed + info.windows, stats

@@ -1,7 +1,7 @@
 """Whole-process speed and memory: `specasr transcribe` against faster-whisper, side by side.
 
     python -m benchmarks.whole_process --repeats 5 [--long [--batched]] [--threads N]
-        [--corpus CORPUS/heldout --source asterisk:en --per-source 16] [--busy 0,1,2]
+        [--corpus CORPUS/heldout --source asterisk:en --per-source 16] [--loops N] [--busy 0,1,2]
 
 Each command runs as a fresh process, as a user runs it (specasr's bytecode compiled first,
 as an install from a wheel has it: `compile_bytecode`), in interleaved rounds so machine
@@ -18,7 +18,8 @@ Rows:
 - `faster-whisper fp32|int8`: a plain script (`cpu_threads` = this machine's cores);
 - `--long`: the long-form fixture, or with `--corpus` windows of one source of a corpus split
   joined with silences (e.g. held-out speech no draft trained on; English sources, as both
-  systems decode with language "en");
+  systems decode with language "en"); `--loops N` plays it N times, 1 s apart (the held-out
+  split holds about 5 minutes: twice over is the 10-minute recording of the memory rows);
 - with `--long --batched`, on that recording: each system's batched, text-only path
   (VAD, batches of 8 windows, no timestamps): specasr exact fp32 and int8, faster-whisper's
   `BatchedInferencePipeline` fp32 and int8;
@@ -125,6 +126,16 @@ def ct2_dir(root: Path, preset: str = "base") -> Path:
             if extra.is_file():
                 shutil.copy(extra, out / extra.name)
     return out
+
+
+def looped(samples, loops: int):
+    """samples [n] played `loops` times with 1 s of silence between: [loops·n + (loops - 1)·16000]."""
+    import numpy as np
+
+    from specasr.constants import SAMPLE_RATE
+
+    gap = np.zeros(SAMPLE_RATE, dtype=samples.dtype)
+    return np.concatenate([part for _ in range(loops) for part in (gap, samples)][1:])
 
 
 def compile_bytecode() -> None:
@@ -297,6 +308,13 @@ def measure(rows: list[Row], repeats: int) -> None:
     default=None,
     help="Comma-separated parts of row names: time only the rows whose name contains one of them.",
 )
+@click.option(
+    "--loops",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="--long: the recording played this many times, 1 s apart (a longer recording from a short split).",
+)
 @corpus_options
 def main(
     repeats: int,
@@ -306,6 +324,7 @@ def main(
     batched: bool,
     busy: str | None,
     only: str | None,
+    loops: int,
     corpus: str | None,
     source: str,
     per_source: int,
@@ -338,12 +357,14 @@ def main(
             from specasr.constants import SAMPLE_RATE
 
             rec, language = recording(data, corpus, source, per_source)
+            samples = looped(rec.samples, loops)
             path = work / "long.wav"
-            sf.write(path, rec.samples, SAMPLE_RATE)
+            sf.write(path, samples, SAMPLE_RATE)
             what = "long-form fixture" if corpus is None else f"{source}, {per_source} windows of {corpus}"
+            what += f", played {loops} times" if loops > 1 else ""
             if language not in (None, "en"):
                 raise click.BadParameter(f"{source} is {language}: both systems decode English here")
-            clips.append((f"{what} ({len(rec.samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
+            clips.append((f"{what} ({len(samples) / SAMPLE_RATE:.1f} s)", str(path), batched))
         if levels is not None:  # the busy machine: one recording, every row at every level
             title, clip, with_batched = clips[-1]
             rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)

@@ -114,3 +114,16 @@ def test_busy_rounds_add_each_specasr_row_with_openmp_spinning():
     ours = [r for r in rows if r.name.startswith("specasr")]
     assert [s.name for s in spin] == [f"{r.name} (spinning)" for r in ours]
     assert all(s.command == ["env", "SPECASR_PASSIVE_WHEN_BUSY=0", *r.command] for s, r in zip(spin, ours))
+
+
+def test_loops_play_the_recording_again_a_second_apart():
+    import numpy as np
+
+    from benchmarks.whole_process import looped
+
+    x = np.arange(1, 6, dtype=np.float32)
+    assert looped(x, 1) is not x and np.array_equal(looped(x, 1), x)
+    twice = looped(x, 3)
+    assert twice.shape == (3 * 5 + 2 * 16000,) and twice.dtype == np.float32
+    assert np.array_equal(twice[:5], x) and np.array_equal(twice[-5:], x)
+    assert np.array_equal(twice[5 + 16000 : 10 + 16000], x) and not twice[5 : 5 + 16000].any()

@@ -103,16 +103,35 @@ def log_mel(
     if x.shape[-1] <= N_FFT // 2:
         raise ValueError(f"need more than {N_FFT // 2} samples for a reflect-padded STFT")
 
-    window = torch.hann_window(N_FFT, periodic=True, device=x.device)
-    stft = torch.stft(
-        x, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode="reflect", return_complex=True
-    )  # [batch, n_bins, n_samples // HOP_LENGTH + 1]
-    power = stft[..., :-1].abs().square()  # [batch, n_bins, n_frames]
-    mel = mel_filters(n_mels, x.device) @ power  # [batch, n_mels, n_frames]
-    log_spec = mel.clamp(min=1e-10).log10()
+    log_spec = _mel_power(x, n_mels).clamp_(min=1e-10).log10_()  # [batch, n_mels, n_frames]
     peak = log_spec.amax(dim=(1, 2), keepdim=True)  # [batch, 1, 1]
     log_spec = torch.maximum(log_spec, peak - 8.0)
-    return (log_spec + 4.0) / 4.0
+    return log_spec.add_(4.0).div_(4.0)
+
+
+MEL_SLICE = 30_000  # frames (5 min): a longer recording's spectrum is made in slices of at most this
+
+
+def _mel_power(x: torch.Tensor, n_mels: int, most: int | None = None) -> torch.Tensor:
+    """x [batch, n_samples] -> mel power [batch, n_mels, n_samples // HOP_LENGTH]: the STFT
+    (Hann window, reflect-padded at both ends as `torch.stft(center=True)` pads) in equal
+    slices of at most `most` frames (default MEL_SLICE), so the complex spectrum and its
+    powers, five times the mel's size, exist for one slice only. A frame reads only its own
+    samples, and slices of hundreds of frames take the filterbank product's usual kernel, so
+    slicing changes no value (tested bitwise); equal slices leave no tiny last one."""
+    pad = N_FFT // 2
+    padded = F.pad(x[None], (pad, pad), mode="reflect")[0]  # [batch, n_samples + N_FFT]
+    frames = x.shape[-1] // HOP_LENGTH
+    size = -(-frames // -(-frames // (most or MEL_SLICE)))  # frames per slice, the slices equal
+    window = torch.hann_window(N_FFT, periodic=True, device=x.device)
+    filters = mel_filters(n_mels, x.device)  # [n_mels, n_bins]
+    out = x.new_empty(x.shape[0], n_mels, frames)
+    for a in range(0, frames, size):
+        b = min(frames, a + size)
+        piece = padded[:, a * HOP_LENGTH : (b - 1) * HOP_LENGTH + N_FFT]  # frames a … b - 1
+        stft = torch.stft(piece, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+        out[:, :, a:b] = filters @ stft.abs().square()  # [batch, n_bins, b - a] -> [batch, n_mels, b - a]
+    return out
 
 
 def log_mel_window(

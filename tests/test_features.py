@@ -84,3 +84,22 @@ def test_pad_or_trim_numpy_and_torch():
     assert torch.equal(pad_or_trim(t, 6), torch.from_numpy(pad_or_trim(x, 6)))
     assert torch.equal(pad_or_trim(t, 5, axis=0), torch.from_numpy(pad_or_trim(x, 5, axis=0)))
     assert pad_or_trim(t, 3).shape == (3, 3)
+
+
+@pytest.mark.parametrize("most", [700, 2500, None])
+def test_a_long_recordings_spectrum_in_slices_is_bitwise_the_whole_ones(most):
+    """`_mel_power` slices the STFT (equal slices of at most `most` frames, default MEL_SLICE)
+    so a long recording's complex spectrum is never whole in memory; every value is the one
+    `torch.stft(center=True)` over the whole recording gives, for a batch too."""
+    from specasr.features import _mel_power
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 95 * SAMPLE_RATE + 123, generator=g) * 0.1  # 9500 frames: 14, 4 or 1 slices
+    window = torch.hann_window(N_FFT, periodic=True)
+    whole = torch.stft(
+        x, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode="reflect", return_complex=True
+    )
+    want = mel_filters(80) @ whole[..., :-1].abs().square()  # [2, 80, 9500]
+    got = _mel_power(x, 80, most)
+    assert got.shape == want.shape == (2, 80, 9500)
+    assert torch.equal(got, want)

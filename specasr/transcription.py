@@ -176,8 +176,9 @@ def _in_workspace(segments: Iterator[Segment]) -> Iterator[Segment]:
     """The segments, with every window decoded inside one `heap.workspace` (a no-op unless
     the CLI set the lean policy): the encoder's and the decoding loop's large temporaries
     (activations, a pass's logits, cross K/V) are served from the heap and reused from window
-    to window instead of mapped and faulted in afresh, and the heap is trimmed once, when the
-    iterator is exhausted or closed (docs/benchmarks.md, "Start-up and whole process")."""
+    to window instead of mapped and faulted in afresh, and the heap is trimmed when the
+    iterator is exhausted or closed (docs/benchmarks.md, "Start-up and whole process"); the
+    chunked strategy also trims between its rounds of windows (`longform.chunked`)."""
     with heap.workspace():
         yield from segments
 

@@ -284,6 +284,29 @@ def token_alpha(history: list[list[int]], gammas: list[int]) -> float:
 
 
 @torch.inference_mode()
+def pass_costs(
+    target_model, draft_model, states: torch.Tensor, reps: int, token: int = 0, widths: int = 9
+) -> tuple[dict[int, float], float]:
+    """-> ({k: the target's pass over k tokens per row, k = 1 … widths}, the draft's pass over
+    one token), in milliseconds: graph replays timed by CUDA events (on a CPU: eager, by the
+    wall clock), on `states` [B, 1500, d] (the draft reads them too: a shared encoder)."""
+    from specasr.decode.graphed import fixed_pass
+    from specasr.decode.runners import make_runner
+
+    B, dev = states.shape[0], states.device
+    target = make_runner(target_model, states)
+    draft = make_runner(draft_model, states, target)
+    tokens = torch.full((B, widths), token, dtype=torch.long, device=dev)
+    pos = (20 + torch.arange(widths, device=dev)).expand(B, -1)
+
+    def ms(fn) -> float:
+        return _replay_ms(_graph(fn, dev), reps)
+
+    t = {k: ms(lambda k=k: fixed_pass(target, tokens[:, :k], pos[:, :k])) for k in range(1, widths + 1)}
+    return t, ms(lambda: fixed_pass(draft, tokens[:, :1], pos[:, :1]))
+
+
+@torch.inference_mode()
 def breakdown_table(
     pair, states: torch.Tensor, gamma: int, reps: int | None = None, goal: float = 1.8
 ) -> str:
@@ -294,24 +317,18 @@ def breakdown_table(
     per-token acceptance of fixed-γ decoding on these rows (`token_alpha`); the bound is
     `gamma.best_speedup` (no per-decode costs)."""
     from specasr.decode.gamma import best_speedup, crossing
-    from specasr.decode.graphed import GraphedGreedy, fixed_pass
-    from specasr.decode.runners import make_runner
+    from specasr.decode.graphed import GraphedGreedy
     from specasr.decode.task import Task
 
     B, dev = states.shape[0], states.device
     reps = reps or (100 if dev.type == "cuda" else 2)
     opts = DecodeOptions(mode="autoregressive", language="en")
     task = Task.build(pair, opts, "en", None)
-    target = make_runner(pair.target, states)
-    draft = make_runner(pair.draft, states, target)
-    tokens = torch.full((B, 9), pair.tokenizer.eot, dtype=torch.long, device=dev)
-    pos = (20 + torch.arange(9, device=dev)).expand(B, -1)
+    t, d = pass_costs(pair.target, pair.draft, states, reps, pair.tokenizer.eot)
 
     def ms(fn) -> float:
         return _replay_ms(_graph(fn, dev), reps)
 
-    t = {k: ms(lambda k=k: fixed_pass(target, tokens[:, :k], pos[:, :k])) for k in range(1, 10)}
-    d = ms(lambda: fixed_pass(draft, tokens[:, :1], pos[:, :1]))
     steps, alpha = {}, None
     for g in (0, gamma):
         loop = GraphedGreedy(pair, opts, task, g, graphs=False)

@@ -7,7 +7,8 @@ With --vad, sequential and chunked decoding of only the speech Silero VAD finds 
 time included); the issue-18 target is chunked + VAD + speculative against sequential autoregressive.
 Chunked + VAD also runs without timestamps (text tokens only, one segment per window), which is
 what faster-whisper's `BatchedInferencePipeline` decodes by default (`without_timestamps=True`).
-Each compute type in --compute-type adds its own rows (one model pair each; an int8 target's
+Each width in --device-width (the CUDA device loop's target passes, `DecodeOptions.device_width`)
+and each compute type in --compute-type adds its own rows (one model pair each; an int8 target's
 speculative rows are exact against its own autoregressive rows). --faster-whisper adds
 its sequential `transcribe` and its `BatchedInferencePipeline` (VAD + batched windows) in fp32 and int8,
 each in a worker process of its own (`fw_process`: CTranslate2's OpenMP calls bind to torch's
@@ -177,6 +178,14 @@ def _faster_whisper(
 )
 @corpus_options
 @click.option(
+    "--device-width",
+    "widths",
+    default="matched",
+    show_default=True,
+    help="Comma-separated `DecodeOptions.device_width`s (the CUDA device loop's target passes); "
+    "each adds its own rows, e.g. matched,natural.",
+)
+@click.option(
     "--only",
     default=None,
     help="Comma-separated parts of configuration names: run only the rows whose name holds "
@@ -204,6 +213,7 @@ def main(
     corpus,
     source,
     per_source,
+    widths,
     only,
     cut_search,
 ) -> None:
@@ -231,9 +241,14 @@ def main(
         ]
     configs = {}
     pairs: list[tuple[str, str, str]] = []  # (label, autoregressive row, speculative row)
+    runs = []  # (pair, tag, autoregressive options, speculative options)
     for ct in compute_types.split(","):
         pair = load_pair(model, draft, device=device, dtype=torch_dtype(dtype), compute_type=ct)
-        tag = "" if ct == "float32" else f" [{ct}]"
+        for width in widths.split(","):
+            marks = ([] if ct == "float32" else [ct]) + ([] if width == "matched" else [f"{width} width"])
+            tag = f" [{', '.join(marks)}]" if marks else ""
+            runs.append((pair, tag, *(o.with_decode(device_width=width) for o in (ar, spec))))
+    for pair, tag, ar, spec in runs:
         for strategy, label, vad, timestamps, speculates in variants:
             names = [f"{label}, autoregressive{tag}"]
             if speculates:

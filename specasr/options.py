@@ -81,6 +81,12 @@ class DecodeOptions:
     # CUDA, T = 0: decode in the device loop (`decode.graphed`: one CUDA graph per step, one
     # host read; timestamps and prompts included); False keeps the host loop (same tokens)
     device_loop: bool = True
+    # the device loop's target passes: "matched" runs every one over 1 + the largest γ these
+    # options draft tokens per row, target-only decoding too, so each token's fp16 arithmetic is
+    # the same in every mode and exact's tokens are autoregressive's bit for bit (on a GPU a
+    # product's rounding follows its shape); "natural" runs γ + 1 (target only: 1), faster
+    # target-only passes, but an fp16 near-tie can then flip a token between modes (docs/gpu.md)
+    device_width: str = "matched"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -89,6 +95,8 @@ class DecodeOptions:
             raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {self.gamma_policy!r}")
         if self.sampling not in SAMPLING_RULES:
             raise ValueError(f"sampling must be one of {SAMPLING_RULES}, got {self.sampling!r}")
+        if self.device_width not in ("matched", "natural"):
+            raise ValueError(f"device_width must be matched or natural, got {self.device_width!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

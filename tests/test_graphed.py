@@ -108,7 +108,8 @@ def test_a_step_reads_the_device_once_and_keeps_its_shapes(tiny, monkeypatch):
     assert steps > 3
     assert spy.seen == []  # no .item(), bool(tensor), nonzero or host-made tensor inside a step
     assert len(tolist) == steps == state.reads  # the one read per step
-    assert shapes == {(3, 2), (3, 1), (3, 5)}  # draft T = 2, draft T = 1, target γ + 1: fixed
+    # draft T = 2, draft T = 1, target: the matched width (AR's auto drafts γ 5 without timestamps)
+    assert shapes == {(3, 2), (3, 1), (3, 6)} and loop.width == 6
 
 
 def test_refuses_what_it_cannot_do_on_the_device(tiny):
@@ -515,3 +516,78 @@ def test_cuda_prompts_and_timestamps_through_the_graphs():
             assert [r.tokens for r in device] == [r.tokens for r in host], n
             # the device loop's fixed γ with timestamps (the host loop's stop drafts 1 here)
             assert set(device[0].stats.gammas) == {DEVICE_GAMMA_TIMESTAMPS}
+
+
+def test_the_matched_width_is_one_more_than_the_largest_gamma_the_options_draft():
+    from specasr.decode.graphed import DEVICE_GAMMA, DEVICE_GAMMA_TIMESTAMPS, matched_width
+
+    assert matched_width(AR) == DEVICE_GAMMA + 1  # auto, text only
+    assert matched_width(replace(AR, timestamps=True)) == DEVICE_GAMMA_TIMESTAMPS + 1
+    assert matched_width(replace(AR, gamma=1)) == 2  # auto never drafts past options.gamma
+    assert matched_width(replace(AR, gamma_policy="adaptive", gamma=3, gamma_max=12)) == 9
+    assert matched_width(replace(AR, gamma_policy="fixed", gamma=4)) == 5
+    with pytest.raises(ValueError, match="device_width"):
+        replace(AR, device_width="wide")
+
+
+@pytest.mark.parametrize("width", ["matched", "natural"])
+def test_every_mode_runs_the_targets_passes_at_one_width(tiny, monkeypatch, width):
+    """Matched: target-only and speculative loops of the same options pass the target the same
+    number of tokens per row (padding past γ + 1), so on a GPU each token's rounding is the
+    same in both; natural: γ + 1. Either way the host loop's tokens."""
+    opts = replace(AR, device_width=width)
+    mel = _mels(3)
+    reference = [r.tokens for r in decode(tiny, mel, HOST)]
+    states = tiny.encode(mel)
+    task = Task.build(tiny, opts, "en", None)
+    real_pass = graphed.fixed_pass
+    for gamma in (0, 3):
+        loop = GraphedGreedy(tiny, opts, task, gamma)
+        target = loop.start(*states)[1]
+        widths = set()
+
+        def spy(r, t, p, target=target, widths=widths, **kw):  # the steps' target passes
+            if r is target and not kw.get("hidden"):  # (the prefill's is the same in every mode)
+                widths.add(t.shape[1])
+            return real_pass(r, t, p, **kw)
+
+        monkeypatch.setattr(graphed, "fixed_pass", spy)
+        assert loop.run(*states)[0] == reference
+        monkeypatch.setattr(graphed, "fixed_pass", real_pass)
+        assert widths == {loop.width} == {6 if width == "matched" else gamma + 1}
+
+
+def _row_independence(pair) -> None:
+    """In a pass of fixed shape a row's logits depend on its own token, position and cache
+    alone: not on the other rows' tokens, nor on which row it is."""
+    from specasr.decode.runners import make_runner
+
+    states = pair.encode(_mels(2).to(pair.device, pair.dtype))[0]
+    runner = make_runner(pair.target, states, private=True)
+    n, B = pair.target.config.vocab_size, states.shape[0]
+    g = torch.Generator().manual_seed(1)
+    toks = lambda k: torch.randint(0, n, (B, k), generator=g).to(pair.device)  # noqa: E731
+    span = lambda a, k: (a + torch.arange(k, device=pair.device)).expand(B, k)  # noqa: E731
+    graphed.fixed_pass(runner, toks(8), span(0, 8))  # a context at positions 0 … 7
+    t = toks(4)
+    first = graphed.fixed_pass(runner, t, span(8, 4))  # [B, 4, V]
+    other = graphed.fixed_pass(runner, torch.cat([t[:, :2], toks(2)], 1), span(8, 4))
+    assert torch.equal(first[:, :2], other[:, :2])  # rows 2, 3 changed: rows 0, 1 did not
+    graphed.fixed_pass(runner, t, span(8, 4))  # positions 8 … 11 as in `first` again
+    moved = graphed.fixed_pass(runner, torch.cat([t[:, 1:2], toks(3)], 1), span(9, 4))
+    assert torch.equal(moved[:, 0], first[:, 1])  # t[1] at position 9 from row 0 instead of row 1
+    assert not torch.equal(moved[:, 1], first[:, 2])
+
+
+def test_a_rows_logits_depend_on_its_own_inputs_alone(tiny):
+    _row_independence(tiny)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_rows_logits_depend_on_its_own_inputs_alone_on_cuda(dtype):
+    """What exact's identity to target-only decoding rests on in the device loop (matched
+    width): a GPU product's rounding follows its shape, never the other rows."""
+    from tiny_pairs import random_tiny_pair
+
+    _row_independence(random_tiny_pair(seed=2, device="cuda", dtype=dtype))

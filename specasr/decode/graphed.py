@@ -33,8 +33,13 @@ same algorithm at T = 0 with all per-step state on the device:
 
 One host read per step: the rows' [accepted | done] flags, for stopping and statistics.
 
-Every pass has fixed shapes for a given (B, γ): draft T = 2, draft T = 1, target T = γ + 1
-(γ = 0 is target-only decoding), and a step changes its state in place (`_advance`): no
+Every pass has fixed shapes for a given (B, γ): draft T = 2, draft T = 1, target T = the
+loop's width W ≥ γ + 1 (γ = 0 is target-only decoding). With `DecodeOptions.device_width`
+"matched" W is the same in every mode of those options (rows past γ + 1 are padding whose
+keys and values land past the row's length, stale, as rejected drafts' do): a GPU product
+rounds by its shape, and a row's result in a product of one shape does not depend on the other
+rows, so each token's logits are the same bits in exact and autoregressive decoding and no
+fp16 near-tie can flip between them. A step changes its state in place (`_advance`): no
 tensor it reads or writes is rebound. So on CUDA the whole step (γ draft passes, the
 target's pass, acceptance and the state update) is captured once as one CUDA graph, after
 `WARM_STEPS` eager steps, and replayed: one launch and one host read per step. The graph,
@@ -180,6 +185,8 @@ class GraphedGreedy:
             raise ValueError(f"{type(gamma).__name__}: the device loop needs a policy with a gamma_max")
         self.gamma = gamma.gamma if self.policy is not None else gamma  # γ of the next step
         self.gammas = [gamma] if self.policy is None else list(range(1, self.policy.gamma_max + 1))
+        natural = max(self.gammas) + 1
+        self.width = natural if options.device_width == "natural" else max(matched_width(options), natural)
         self.pair, self.task = pair, task
         self.draft_prompt = options.draft_prompt  # prompt tokens the draft reads (None: all)
         V = pair.target.config.vocab_size
@@ -364,10 +371,14 @@ class GraphedGreedy:
             d = torch.stack(drafts, 1)
             if ctx is not None:
                 ctx.scatter_(1, (L + g - 1).clamp(max=last)[:, None], drafts[-1][:, None])
-        pos = (L[:, None] - 1 + ar).clamp(max=last)  # [B, γ+1]
+        W = self.width
+        pos = (L[:, None] - 1 + torch.arange(W, device=dev)).clamp(max=last)  # [B, W]
         tokens = torch.cat([s.seq.gather(1, (L - 1)[:, None]), d], 1)  # [B, γ+1]
+        if W > g + 1:  # padding to the loop's width: the last token again, its logits unread
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(B, W - g - 1)], 1)  # [B, W]
         rows = None if ctx is None else ctx[:, None].expand(B, g + 1, N_TEXT_CTX)  # each position's context
-        logits = self._filtered(fixed_pass(target, tokens, pos).float(), L[:, None] + ar, rows)  # [B, γ+1, V]
+        out = fixed_pass(target, tokens, pos)[:, : g + 1]  # [B, γ+1, V]
+        logits = self._filtered(out.float(), L[:, None] + ar, rows)  # [B, γ+1, V]
         t = _argmax(logits)  # [B, γ+1]
         n = (d == t[:, :g]).long().cumprod(1).sum(1)  # [B] leading drafts the target agrees with
         if g:  # an accepted draft eot ends the row: it becomes the next token
@@ -478,13 +489,23 @@ def device_loop_plan(pair, options: DecodeOptions, task: Task, hooks) -> int | G
         return None
     if not device_form(task.filters) or len(task.init) < 2 or task.forced:
         return None
-    if not options.speculative:
-        return 0
+    return _drafting(options) if options.speculative else 0
+
+
+def _drafting(options: DecodeOptions) -> int | GammaPolicy:
+    """The γ or γ policy the device loop drafts with under these options' speculative modes."""
     if options.gamma_policy == "auto":
         return min(options.gamma, DEVICE_GAMMA_TIMESTAMPS if options.timestamps else DEVICE_GAMMA)
     if options.gamma_policy == "adaptive":
         return AdaptiveGamma(options.gamma, max(options.gamma, min(options.gamma_max, 8)))
     return options.gamma
+
+
+def matched_width(options: DecodeOptions) -> int:
+    """1 + the largest γ these options' speculative modes draft in the device loop: its target
+    passes' width in every mode, target-only too (`DecodeOptions.device_width` "matched")."""
+    plan = _drafting(options)
+    return 1 + (plan if isinstance(plan, int) else plan.gamma_max)
 
 
 def device_results(

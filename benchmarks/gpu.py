@@ -88,15 +88,18 @@ def configurations(pair, gamma: int, hf_dir: Path | None, preset: str = "base", 
 
         return run
 
-    def device(g: int, graphs: bool | None = None):
+    def device(g: int, graphs: bool | None = None, width: str = "matched"):
         def run(states):
-            tokens, s = decode_graphed(pair, states, states, opts, g, graphs)
+            options = replace(opts, device_width=width)
+            tokens, s = decode_graphed(pair, states, states, options, g, graphs)
             return tokens, s.accepted, s.proposed
 
         return run
 
     runs = {"ar": host("autoregressive"), "exact": host("exact"), "sigmoid": host("sigmoid")}
     runs["device-ar"], runs[f"device-exact γ{gamma}"] = device(0), device(gamma)
+    # target-only passes over 1 token, not the matched width's γ + 1: AR's own speed
+    runs["device-ar natural width"] = device(0, width="natural")
     runs[f"device-exact adaptive γ{gamma}…{gamma_max}"] = lambda states: device(
         AdaptiveGamma(gamma, gamma_max)
     )(states)

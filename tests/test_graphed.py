@@ -592,3 +592,46 @@ def test_a_rows_logits_depend_on_its_own_inputs_alone_on_cuda(dtype):
     from tiny_pairs import random_tiny_pair
 
     _row_independence(random_tiny_pair(seed=2, device="cuda", dtype=dtype), 3000)
+
+
+def test_a_start_graphs_prefill_projects_its_own_states(tiny):
+    """A start graph records `_prefill(captured=True)`: its runners must project the states in
+    the graph, never take cross K/V held for that states tensor (they would be an earlier
+    graph's memory, stale at every replay but that graph's). The eager prefill may share them."""
+    from specasr.decode import runners
+
+    states = tiny.encode(_mels(1))[0]  # one row: a runner holds its cross K/V for the next
+    loop = GraphedGreedy(tiny, AR, Task.build(tiny, AR, "en", None), gamma=2)
+    loop.start(states, states)
+    ws = loop._current
+    stale = runners.make_runner(tiny.target, states)  # holds its projection of `states`
+    with torch.inference_mode():
+        for k, v in runners._held(states, stale.decoder).cross:
+            k.zero_(), v.zero_()  # what another graph's memory would hold
+        loop._prefill(ws, states, states, 4, captured=True)
+        fresh = runners.make_runner(tiny.target, states, private=True)
+        assert all(torch.equal(a, b) for ka, kb in zip(ws.target.cross, fresh.cross) for a, b in zip(ka, kb))
+        assert any(k.any() for k, _ in ws.target.cross)
+        loop._prefill(ws, states, states, 4)  # eager: the held (here zeroed) projection is shared
+        assert all(not k.any() for k, _ in ws.target.cross)
+
+
+@needs_cuda
+def test_cuda_one_row_windows_with_prompts_in_several_buckets_read_their_own_audio():
+    """Sequential long-form on CUDA: one row per window, a new window's states each decode,
+    prompts in several prefill buckets (a start graph each): the host loop's tokens each time.
+    (Held cross K/V once made every bucket's graph but the first decode a stale window.)"""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.decode.loop import decode_states
+
+    pair = random_tiny_pair(seed=1, device="cuda")
+    opts = DecodeOptions(mode="exact", timestamps=True, max_new_tokens=24, language="en")
+    text = list(range(300, 366))
+    for i, n in enumerate((0, 5, 66, 30, 5, 66)):
+        mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(i)).to("cuda") * 5
+        states, _ = pair.encode(mel)
+        prompt = text[:n] or None
+        host = decode_states(pair, states, states, replace(opts, device_loop=False), prompt)
+        device = decode_states(pair, states, states, opts, prompt)
+        assert [r.tokens for r in device] == [r.tokens for r in host], (i, n)

@@ -245,7 +245,8 @@ class GraphedGreedy:
         return self._columns[_argmax(self._filtered(logits, context, ctx, reduced=True))]
 
     def _runners(self, target_states: Tensor, draft_states: Tensor | None, kept: bool = False):
-        """kept: a workspace's runners, whose cross K/V `Workspace.refill` overwrites, so their own."""
+        """kept: runners with cross K/V of their own, neither read from nor held for others: a
+        workspace's (`Workspace.refill` overwrites them) or a start graph's (`_prefill`)."""
         target = make_runner(self.pair.target, target_states, private=kept)
         draft = None
         if self.gammas != [0]:
@@ -253,15 +254,25 @@ class GraphedGreedy:
         return target, draft
 
     def _prefill(
-        self, ws: Workspace, target_states: Tensor, draft_states: Tensor | None, T: int, fresh=None
+        self,
+        ws: Workspace,
+        target_states: Tensor,
+        draft_states: Tensor | None,
+        T: int,
+        fresh=None,
+        captured: bool = False,
     ) -> None:
         """The device work of `start`, in place (capturable): the cross K/V of these states
         into the kept runners, the start sequence (`ws.init`, `ws.meta`), and both caches
         prefilled over its first T ≥ P − 1 positions (T: a length bucket, so that one graph
         serves prompts of many lengths; keys past P − 2 are written again by the steps before
-        any query reads them). fresh: runners already made on these states."""
+        any query reads them). fresh: runners already made on these states. captured: recorded
+        into a start graph, whose runners must project the states in the graph: cross K/V held
+        for the states' tensor (`decode.runners`) would be another graph's memory, which this
+        graph's replays never recompute, so every prompt bucket but the first would decode a
+        stale window's audio."""
         B, dev = target_states.shape[0], target_states.device
-        ws.refill(*(fresh or self._runners(target_states, draft_states)))
+        ws.refill(*(fresh or self._runners(target_states, draft_states, kept=captured)))
         s = ws.steps
         s.seq.copy_(ws.init.expand(B, -1))
         s.lengths.copy_(ws.meta[0].expand(B))
@@ -321,7 +332,9 @@ class GraphedGreedy:
             if T not in ws.start_graphs:
                 d = t_in if d_in is None and draft_states is not None else d_in
                 try:  # recorded, not run
-                    graph, _ = cuda_graphs.capture(lambda: self._prefill(ws, t_in, d, T), self._side(dev))
+                    graph, _ = cuda_graphs.capture(
+                        lambda: self._prefill(ws, t_in, d, T, captured=True), self._side(dev)
+                    )
                     ws.start_graphs[T] = graph
                 except RuntimeError as e:  # as a step's capture: eager from here on
                     self.capture_error, self.graphs = str(e).splitlines()[0], False

@@ -10,8 +10,11 @@ the same chunked in batches of 8 windows, and the 5 LibriVox clips one after ano
 each, autoregressive and exact at every fixed γ and two adaptive policies run once as a
 warm-up (capturing their graphs), then `repeats` times; a row is the median wall time (the
 device synchronised around each run), its ratio to autoregressive, and whether its tokens
-equal autoregressive's. Session 25's run on an H200 chose `graphed.DEVICE_GAMMA_TIMESTAMPS`.
-On a CPU (the host loop, not the device loop) it runs too, slowly: a check of the script.
+equal autoregressive's. Autoregressive runs at its natural width (one-token passes: its own
+speed); each γ at its own matched width, γ + 1, so an fp16 near-tie can still make a row's
+tokens differ (`DecodeOptions.device_width`). Session 25's run on an H200 chose
+`graphed.DEVICE_GAMMA_TIMESTAMPS`. On a CPU (the host loop, not the device loop) it runs too,
+slowly: a check of the script.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import click
 
 
 def _policies(gammas: list[int]) -> dict[str, dict]:
-    out: dict[str, dict] = {"autoregressive": {"mode": "autoregressive"}}
+    out: dict[str, dict] = {"autoregressive": {"mode": "autoregressive", "device_width": "natural"}}
     for g in gammas:
         out[f"exact, fixed γ {g}"] = {"mode": "exact", "gamma": g, "gamma_policy": "fixed"}
     for g in (3, 5):

@@ -274,6 +274,11 @@ def _graph(fn, device: torch.device):
     return graph
 
 
+def _graph_ms(fn, device: torch.device, reps: int) -> float:
+    """Median milliseconds of one call of fn, captured as a graph (`_graph`) and replayed."""
+    return _replay_ms(_graph(fn, device), reps)
+
+
 def token_alpha(history: list[list[int]], gammas: list[int]) -> float:
     """The per-token acceptance α whose expected accepted count per row and step,
     α(1 − α^γ)/(1 − α), equals the mean over the live rows of fixed-γ steps."""
@@ -301,10 +306,7 @@ def pass_costs(
     draft = make_runner(draft_model, states, target)
     tokens = torch.full((B, widths), token, dtype=torch.long, device=dev)
     pos = (20 + torch.arange(widths, device=dev)).expand(B, -1)
-
-    def ms(fn) -> float:
-        return _replay_ms(_graph(fn, dev), reps)
-
+    ms = lambda fn: _graph_ms(fn, dev, reps)  # noqa: E731
     t = {k: ms(lambda k=k: fixed_pass(target, tokens[:, :k], pos[:, :k])) for k in range(1, widths + 1)}
     return t, ms(lambda: fixed_pass(draft, tokens[:, :1], pos[:, :1]))
 
@@ -328,9 +330,7 @@ def breakdown_table(
     opts = DecodeOptions(mode="autoregressive", language="en")
     task = Task.build(pair, opts, "en", None)
     t, d = pass_costs(pair.target, pair.draft, states, reps, pair.tokenizer.eot)
-
-    def ms(fn) -> float:
-        return _replay_ms(_graph(fn, dev), reps)
+    ms = lambda fn: _graph_ms(fn, dev, reps)  # noqa: E731
 
     steps, alpha = {}, None
     for g in (0, gamma):

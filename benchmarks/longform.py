@@ -248,13 +248,13 @@ def main(
             marks = ([] if ct == "float32" else [ct]) + ([] if width == "matched" else [f"{width} width"])
             tag = f" [{', '.join(marks)}]" if marks else ""
             runs.append((pair, tag, *(o.with_decode(device_width=width) for o in (ar, spec))))
-    for pair, tag, ar, spec in runs:
+    for pair, tag, ar_w, spec_w in runs:
         for strategy, label, vad, timestamps, speculates in variants:
             names = [f"{label}, autoregressive{tag}"]
             if speculates:
                 names.append(f"{label}, speculative ({mode}, {draft}){tag}")
                 pairs.append((f"{label.replace(f' B={batch_size}', '')}{tag}", *names))
-            for name, options in zip(names, (ar, spec)):
+            for name, options in zip(names, (ar_w, spec_w)):
                 options = replace(options, strategy=strategy, vad=VadOptions() if vad else None)
                 options = replace(options, batch_size=batch_size) if strategy == "chunked" else options
                 configs[name] = _ours(pair, options.with_decode(timestamps=timestamps))

@@ -369,7 +369,8 @@ class GraphedGreedy:
         the done flags."""
         L, last = s.lengths, N_TEXT_CTX - 1
         B, dev = L.shape[0], L.device
-        ar = torch.arange(g + 1, device=dev)  # [γ+1]
+        span = torch.arange(self.width, device=dev)  # [W]: the target pass's positions past L − 2
+        ar = span[: g + 1]  # [γ+1]
         d = torch.empty(B, 0, dtype=torch.long, device=dev)  # [B, γ] drafts
         ctx = s.seq.clone() if self.rules is not None else None  # [B, 448]: context + drafts so far
         if g:
@@ -385,7 +386,7 @@ class GraphedGreedy:
             if ctx is not None:
                 ctx.scatter_(1, (L + g - 1).clamp(max=last)[:, None], drafts[-1][:, None])
         W = self.width
-        pos = (L[:, None] - 1 + torch.arange(W, device=dev)).clamp(max=last)  # [B, W]
+        pos = (L[:, None] - 1 + span).clamp(max=last)  # [B, W]
         tokens = torch.cat([s.seq.gather(1, (L - 1)[:, None]), d], 1)  # [B, γ+1]
         if W > g + 1:  # padding to the loop's width: the last token again, its logits unread
             tokens = torch.cat([tokens, tokens[:, -1:].expand(B, W - g - 1)], 1)  # [B, W]

@@ -36,6 +36,8 @@ import sys, time
 T = {"start": time.perf_counter()}
 import gc
 gc.disable()  # the CLI imports torch inside `load_models`' start-up, with the collector paused
+from specasr.backends import process
+process.defer_torch_parts()  # as the CLI's group does before any subcommand imports torch
 import torch
 T["import torch"] = time.perf_counter()
 import specasr.cli

@@ -34,6 +34,9 @@ and 2 busy processes (a pure-Python loop each, started before the row's process 
 after it), the levels interleaved within the round; the table gives each row's median wall per
 level and its slowdown, that median ÷ the row's own median with no busy process; each specasr
 row runs also with OpenMP's threads spinning whatever the load (`SPECASR_PASSIVE_WHEN_BUSY=0`).
+
+`--without defer_torch_parts` (any trick of `specasr.backends.process`, comma-separated): each
+specasr row also runs with that trick switched off, in the same interleaved rounds.
 """
 
 from __future__ import annotations
@@ -248,11 +251,20 @@ def chosen(rows: list[Row], only: str | None) -> list[Row]:
     return [r for r in rows if any(p in r.name for p in parts)]
 
 
+def without(rows: list[Row], trick: str, label: str | None = None) -> list[Row]:
+    """The specasr rows again with `trick` (a name in `specasr.backends.process.TRICKS`)
+    switched off, named with `label` (default: "<trick> off")."""
+    from specasr.backends.process import TRICKS
+
+    off = ["env", f"{TRICKS[trick].env}=0"]
+    label = label or f"{trick} off"
+    return [Row(f"{r.name} ({label})", [*off, *r.command]) for r in rows if r.name.startswith("specasr")]
+
+
 def spinning(rows: list[Row]) -> list[Row]:
     """The specasr rows again with the trick `passive_when_busy` off: OpenMP's threads spin
     however busy the machine is, as before the trick (`specasr.backends.process`)."""
-    off = ["env", "SPECASR_PASSIVE_WHEN_BUSY=0"]
-    return [Row(f"{r.name} (spinning)", [*off, *r.command]) for r in rows if r.name.startswith("specasr")]
+    return without(rows, "passive_when_busy", "spinning")
 
 
 def busy_table(walls: dict[str, dict[int, list[float]]]) -> str:
@@ -316,6 +328,12 @@ def measure(rows: list[Row], repeats: int) -> None:
     help="--long: the recording played this many times, 1 s apart (a longer recording from a short split).",
 )
 @corpus_options
+@click.option(
+    "--without",
+    "tricks_off",
+    default="",
+    help="Comma-separated tricks (specasr.backends.process): each specasr row also with it off.",
+)
 def main(
     repeats: int,
     long_: bool,
@@ -328,12 +346,17 @@ def main(
     corpus: str | None,
     source: str,
     per_source: int,
+    tricks_off: str,
 ) -> None:
     from importlib.resources import files
     from importlib.util import find_spec
 
     from specasr.backends.cpu import bf16
+    from specasr.backends.process import TRICKS
 
+    off = [t.strip() for t in tricks_off.split(",") if t.strip()]
+    if unknown := [t for t in off if t not in TRICKS]:
+        raise click.BadParameter(f"{unknown}: not among {sorted(TRICKS)}", param_hint="--without")
     levels = None
     if busy is not None:
         try:
@@ -381,6 +404,7 @@ def main(
         click.echo(table([load], None) + "\n")
         for title, clip, with_batched in clips:
             rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)
+            rows += [r for t in off for r in without(rows, t)]
             measure(rows, repeats)
             click.echo(f"### {title}\n")
             click.echo(table(rows, "faster-whisper float32" if fw_dir else None) + "\n")

@@ -31,8 +31,8 @@ def _env(**switches: str) -> dict[str, str]:
 
 def test_every_trick_is_listed_with_its_switch_and_on_by_default():
     assert set(process.TRICKS) == {
-        "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "passive_when_busy", "plain_calls",
-        "unoptimized_script",
+        "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "passive_when_busy", "defer_torch_parts",
+        "plain_calls", "unoptimized_script",
     }  # fmt: skip
     for name, trick in process.TRICKS.items():
         assert trick.env == f"SPECASR_{name.upper()}" and trick.does
@@ -99,6 +99,87 @@ def test_only_commands_that_run_and_exit_take_the_lean_heap(monkeypatch, command
     result = CliRunner().invoke(main, [command, "--help"])
     assert result.exit_code == 0, result.output
     assert calls == ([1] if lean else [])
+
+
+# -- defer_torch_parts ---------------------------------------------------------------------
+
+# a fresh interpreter: the trick, then torch; what was deferred, and eager CPU work
+_DEFERRED = """
+import json, sys
+from specasr.backends import process
+installed = process.defer_torch_parts()
+import torch
+parts = {m: type(sys.modules[m]).__name__ for m in process.DEFERRED_TORCH_PARTS if m in sys.modules}
+g = torch.Generator().manual_seed(0)  # needs AFTER_TORCH
+lin = torch.nn.Linear(4, 3)
+y = lin(torch.randn(2, 4, generator=g)).softmax(-1)
+traced = None
+if sys.argv[1] == "export":  # tracing needs the meta kernels: every deferred part runs first
+    exported = torch.export.export(lin, (torch.randn(2, 4),))
+    traced = exported.module()(torch.ones(2, 4)).shape == (2, 3)
+    parts = {m: type(sys.modules[m]).__name__ for m in parts}
+if sys.argv[1] == "dtensor":  # as transformers imports it: reaches torch.export's submodules
+    import torch.distributed.tensor
+    parts = {m: type(sys.modules[m]).__name__ for m in parts}
+print(json.dumps({"installed": installed, "parts": parts, "rows": y.sum(-1).tolist(), "traced": traced}))
+"""
+
+
+def _deferred_run(what: str, **switches: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", _DEFERRED, what], capture_output=True, text=True, env=_env(**switches)
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_defer_torch_parts_leaves_them_unrun_until_tracing_needs_them():
+    if process._torch_built_for_a_gpu():
+        assert not _deferred_run("eager")["installed"]  # a GPU build keeps torch's own import
+        return
+    eager = _deferred_run("eager")
+    assert eager["installed"] and eager["rows"] == pytest.approx([1.0, 1.0])
+    assert set(eager["parts"]) >= {"torch._meta_registrations", "torch._native", "torch.export"}
+    assert set(eager["parts"].values()) == {"_DeferredModule"}
+    traced = _deferred_run("export")
+    assert traced["traced"] is True and set(traced["parts"].values()) == {"module"}
+    assert set(_deferred_run("dtensor")["parts"].values()) == {"module"}
+
+
+def test_defer_torch_parts_off_or_after_torch_changes_nothing(monkeypatch):
+    off = _deferred_run("eager", SPECASR_DEFER_TORCH_PARTS="0")
+    assert not off["installed"] and set(off["parts"].values()) == {"module"}
+    assert not process.defer_torch_parts()  # torch is loaded in this process
+    assert not any(isinstance(f, process._DeferringFinder) for f in sys.meta_path)
+
+
+def test_a_torch_built_for_a_gpu_is_told_by_its_libraries(monkeypatch, tmp_path):
+    import importlib.machinery
+
+    (tmp_path / "torch" / "lib").mkdir(parents=True)
+
+    def spec(name, path=None):
+        found = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+        found.submodule_search_locations = [str(tmp_path / "torch")]
+        return found if name == "torch" else None
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", staticmethod(spec))
+    assert not process._torch_built_for_a_gpu()
+    (tmp_path / "torch" / "lib" / "libtorch_cuda.so").touch()
+    assert process._torch_built_for_a_gpu()
+
+
+@pytest.mark.parametrize(("command", "deferred"), [("transcribe", True), ("serve", False), ("app", False)])
+def test_only_commands_that_run_and_exit_defer_torch_parts(monkeypatch, command, deferred):
+    from click.testing import CliRunner
+
+    from specasr.cli import main
+
+    calls = []
+    monkeypatch.setattr(process, "defer_torch_parts", lambda: calls.append(1))
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert calls == ([1] if deferred else [])
 
 
 # -- pause_gc, freeze_gc ---------------------------------------------------------------------

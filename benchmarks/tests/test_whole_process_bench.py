@@ -22,6 +22,7 @@ from benchmarks.whole_process import (
     ct2_dir,
     rows_for,
     spinning,
+    without,
 )
 from specasr.cli import main
 
@@ -114,6 +115,21 @@ def test_busy_rounds_add_each_specasr_row_with_openmp_spinning():
     ours = [r for r in rows if r.name.startswith("specasr")]
     assert [s.name for s in spin] == [f"{r.name} (spinning)" for r in ours]
     assert all(s.command == ["env", "SPECASR_PASSIVE_WHEN_BUSY=0", *r.command] for s, r in zip(spin, ours))
+
+
+def test_without_adds_each_specasr_row_with_the_trick_off():
+    rows = rows_for("x.wav", Path("ct2"), 2)
+    off = without(rows, "defer_torch_parts")
+    ours = [r for r in rows if r.name.startswith("specasr")]
+    assert [o.name for o in off] == [f"{r.name} (defer_torch_parts off)" for r in ours]
+    assert all(o.command == ["env", "SPECASR_DEFER_TORCH_PARTS=0", *r.command] for o, r in zip(off, ours))
+
+
+def test_without_names_only_known_tricks():
+    from benchmarks.whole_process import main as bench
+
+    result = CliRunner().invoke(bench, ["--without", "no_such_trick"])
+    assert result.exit_code == 2 and "no_such_trick" in result.output
 
 
 def test_loops_play_the_recording_again_a_second_apart():

@@ -22,9 +22,13 @@ import contextlib
 import ctypes
 import functools
 import gc
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -60,6 +64,12 @@ TRICKS: dict[str, Trick] = {
         "a specasr command started while other processes keep the CPUs busy makes OpenMP's idle "
         "threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning; OMP_WAIT_POLICY or "
         "GOMP_SPINCOUNT set by the user win",
+    ),
+    "defer_torch_parts": Trick(
+        "SPECASR_DEFER_TORCH_PARTS",
+        "CLI processes that run and exit, on a CPU-only torch: three parts of `import torch` that "
+        "eager CPU inference never runs (torch.export, torch._native's GPU kernels, the Python meta "
+        "kernels for tracing) load at their first use instead",
     ),
     "plain_calls": Trick(
         "SPECASR_PLAIN_CALLS",
@@ -270,6 +280,128 @@ def passive_when_busy(environ=os.environ) -> bool:
     if runnable_others() < 1:
         return False
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
+# -- `import torch`: `defer_torch_parts` -------------------------------------------------
+#
+# `import torch` runs, besides what eager CPU inference uses, three packages that only tracing,
+# export and GPU builds need: the Python meta kernels (`torch._meta_registrations`, with the
+# decompositions and reference ops they pull in), `torch.export`, and `torch._native` (GPU kernels
+# written in Triton and CuTe DSLs). Together they are about a quarter of the import on a CPU
+# (measured: docs/benchmarks.md, "Start-up"). A command that runs and exits defers them: each is
+# made a module that runs on the first access to one of its names, and all of them run before
+# anything that traces is imported (`torch._dynamo`, `torch._inductor`, a `torch.export`
+# submodule), so the meta kernels are in place wherever fake or meta tensors need them. On a torch
+# built for a GPU nothing is deferred: there `torch._native` may replace kernels the run uses.
+
+DEFERRED_TORCH_PARTS = (
+    "torch._meta_registrations",
+    "torch.distributed._meta_registrations",
+    "torch._native",
+    "torch.export",
+)
+# imported at the end of torch's import, as the deferred parts would have: sets torch.Generator's
+# metaclass, without which no generator can be made
+AFTER_TORCH = ("torch._prims.rng_prims",)
+# importing one of these (or a submodule) first runs every deferred part
+TRACING_ENTRY = ("torch._dynamo", "torch._inductor", "torch.export.", "torch._functorch.aot_autograd")
+
+
+class _DeferredModule(types.ModuleType):
+    """A deferred part of torch: its code runs, with every other deferred part's, on the first
+    access to a name it does not have yet."""
+
+    def __getattr__(self, name: str):
+        _DeferringFinder.run_deferred(self)
+        if isinstance(self, _DeferredModule):  # its loader failed to run it: no such name
+            raise AttributeError(name)
+        return getattr(self, name)
+
+
+class _DeferredLoader(importlib.abc.Loader):
+    """Wraps a part's own loader: creates the module, runs nothing until it is used."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return None  # the default module, made a `_DeferredModule` in exec_module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__class__ = _DeferredModule
+        _DeferringFinder.pending.append((module, self.loader))
+
+
+class _TorchLoader(importlib.abc.Loader):
+    """Wraps torch's own loader: runs `import torch`, then imports `AFTER_TORCH`."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        for name in AFTER_TORCH:
+            importlib.import_module(name)
+
+
+class _DeferringFinder(importlib.abc.MetaPathFinder):
+    """On sys.meta_path: hands out deferred specs for `DEFERRED_TORCH_PARTS` (and torch's own,
+    which imports `AFTER_TORCH` when it is done), and runs the deferred parts before an import in
+    `TRACING_ENTRY`."""
+
+    pending: list[tuple[types.ModuleType, importlib.abc.Loader]] = []
+    _lock = threading.RLock()
+
+    def find_spec(self, name, path, target=None):
+        if name.startswith(TRACING_ENTRY) or name.rstrip(".") in TRACING_ENTRY:
+            self.run_deferred()
+            return None
+        if name != "torch" and name not in DEFERRED_TORCH_PARTS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = (_TorchLoader if name == "torch" else _DeferredLoader)(spec.loader)
+        return spec
+
+    @classmethod
+    def run_deferred(cls, only: types.ModuleType | None = None) -> None:
+        """Runs the deferred parts' code (`only` that one's), in the order torch imported them."""
+        with cls._lock:  # a part's code may import what runs the rest: each is taken off first
+            while entry := next((p for p in cls.pending if only is None or p[0] is only), None):
+                cls.pending.remove(entry)
+                module, loader = entry
+                module.__class__ = types.ModuleType
+                loader.exec_module(module)
+
+
+def _torch_built_for_a_gpu() -> bool:
+    """Whether the installed torch carries CUDA, ROCm or XPU libraries (read from its files:
+    torch is not imported yet); True where that cannot be told."""
+    spec = importlib.machinery.PathFinder.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return True
+    lib = os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    try:
+        names = os.listdir(lib)
+    except OSError:
+        return True
+    return any(n.startswith(("libtorch_cuda", "libtorch_hip", "libtorch_xpu")) for n in names)
+
+
+def defer_torch_parts() -> bool:
+    """Installs the deferral of `DEFERRED_TORCH_PARTS` (trick `defer_torch_parts`) for a CLI
+    process that runs and exits, before torch is imported; True if it did. Nothing once torch
+    is loaded, on a torch built for a GPU, or when already installed."""
+    if not enabled("defer_torch_parts") or "torch" in sys.modules:
+        return False
+    if any(isinstance(f, _DeferringFinder) for f in sys.meta_path) or _torch_built_for_a_gpu():
+        return False
+    sys.meta_path.insert(0, _DeferringFinder())
     return True
 
 

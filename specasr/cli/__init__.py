@@ -34,6 +34,7 @@ def main(ctx: click.Context) -> None:
     """Whisper transcription with exact speculative decoding."""
     if ctx.invoked_subcommand not in SERVING:
         process.lean_heap()  # blocks over 2 MB go back on free (specasr.backends.process)
+        process.defer_torch_parts()  # before torch is imported: parts a CPU run never uses
 
 
 def run() -> None:

@@ -231,3 +231,44 @@ def test_the_int8_rows_are_quantised_once_and_not_held_twice(base_pair):
     assert all(m.kept is None and m._packed is not None for m in plain.modules() if isinstance(m, Int8Linear))
     assert torch.equal(lazy.layers[0].fc1(x), plain.layers[0].fc1(x))  # packed on first use: the same
     assert lazy.layers[0].fc1._packed is not None
+
+
+# -- an int8 target's head: `fused.Int8Rows` -------------------------------------------------
+
+
+@pytest.mark.parametrize("out", [51865, 4099, 16])  # base's head, and blocks of 16 with a tail or none
+def test_the_int8_head_kernel_is_fbgemms_per_row_product_bitwise(out):
+    from specasr.backends.cpu.linear import Int8Head, Int8Linear
+
+    g = torch.Generator().manual_seed(out)
+    table = torch.randn(out, 512, generator=g) * 0.05
+    head = Int8Head(table, fused.Int8Rows.of)
+    assert isinstance(head.rows, fused.Int8Rows)
+    assert head.inner._packed is None  # fbgemm's copy is never built: the int8 rows only
+    reference = Int8Linear(table, None, per_row=True)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 17, 72):  # every count the kernel unrolls, and blocks of them
+        x = torch.randn(1, rows, 512, generator=g) * torch.rand(rows, 1, generator=g) * 8
+        x[0, 0, :7] = 0.0  # exact zeros and ties to round: the zero point
+        assert torch.equal(head(x), reference(x)), rows
+
+
+def test_the_int8_head_kernel_gives_a_row_what_it_gives_it_alone():
+    from specasr.backends.cpu.linear import Int8Head
+
+    g = torch.Generator().manual_seed(7)
+    head = Int8Head(torch.randn(1000, 64, generator=g), fused.Int8Rows.of)
+    x = torch.randn(11, 64, generator=g)
+    x[3] *= 1e4  # a row far larger than the others moves nothing but itself
+    together = head(x)
+    assert all(torch.equal(together[i], head(x[i : i + 1])[0]) for i in range(11))
+
+
+def test_the_int8_head_falls_back_to_fbgemm_where_the_library_is_off(monkeypatch):
+    from specasr.backends.cpu.linear import Int8Head, Int8Linear
+
+    monkeypatch.setenv("SPECASR_FUSED_DRAFT", "0")
+    table = torch.randn(100, 64)
+    head = Int8Head(table, fused.Int8Rows.of)
+    assert head.rows is None and head.inner.kept is None and head.inner._packed is not None
+    x = torch.randn(3, 64)
+    assert torch.equal(head(x), Int8Linear(table, None, per_row=True)(x))

@@ -560,6 +560,7 @@ def quantize_target(model: Whisper) -> Whisper:
     faster per window but cost speech on the long-form fixture (measured: docs/benchmarks.md)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from specasr.backends.cpu.fused import Int8Rows
     from specasr.backends.cpu.linear import Int8Head, Int8Linear
     from specasr.runtime.layers import fuse_qkv
 
@@ -576,7 +577,9 @@ def quantize_target(model: Whisper) -> Whisper:
     # fbgemm packs a matrix on one thread, and the head is most of the packing: it goes first,
     # and the layers share the other threads
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        head = pool.submit(Int8Head, model.model.decoder.embed_tokens.weight)
+        # the head's products read its int8 rows through the compiled library where it runs:
+        # no fbgemm copy to pack (`Int8Rows`)
+        head = pool.submit(Int8Head, model.model.decoder.embed_tokens.weight, Int8Rows.of)
         layers = pool.map(quantize, model.model.decoder.layers)
         model.use_head_form(head.result())
         list(layers)  # raises what a layer raised

@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__) || defined(__AVX512VNNI__)
+#if defined(__AVX512F__) || defined(__AVX512VNNI__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -36,7 +36,7 @@
  * `draft_model` and `draft_state` read changes, together with `ABI` in fused.py: Python checks
  * it (and sizeof(Dims) against its ctypes mirror) before calling anything, so a library and a
  * Python side that disagree fall back to torch instead of reading each other's memory wrongly. */
-#define SPECASR_DRAFT_ABI 2
+#define SPECASR_DRAFT_ABI 3
 
 /* The model's sizes, mirrored field for field by `_Dims` (a ctypes.Structure) in fused.py */
 typedef struct {
@@ -200,6 +200,75 @@ static void attend(const float *q, const void *K, const void *V, int n, int dh, 
 
 static inline float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
+/* ---- an int8 target's head: the per-row product, without fbgemm's packed copy ----------
+ *
+ * `specasr.backends.cpu.scripted.int8_product(x, packed, None, per_row=True)` computes, through
+ * fbgemm, for each row of x [rows, in] and each row of W [out, in] (int8, |w| <= 63, fp32 scale
+ * sw): a = max |x_r|; u = round(x_r / a * 127.5) + 128 in 0 … 255 (fbgemm's fixed range [-1, 1]:
+ * scale s = 2/255, zero point 128); y[r][o] = float(sum_i u[i] w[o][i] - 128 rsum[o]) * (s * sw[o])
+ * * a. This is the same arithmetic, bitwise (tested), from W in a layout of 16-row blocks, each
+ * [in/4][16][4] (four consecutive inputs of 16 outputs side by side: one vector), which
+ * `fused.Int8Rows` builds with one permutation instead of fbgemm's packing, which for a 51865-row
+ * head costs a load more than a recording's worth of its products. Each vector product adds four
+ * inputs of one row (broadcast) into 16 outputs: no horizontal sums. A row's result depends on that
+ * row alone. */
+
+#define OUT_BLOCK 16
+
+#if defined(__AVX512VNNI__)
+#define ROWS_MAX 8
+/* R rows (R constant at each call) of u against one 16-output block: sums[R][16] */
+static inline __attribute__((always_inline)) void block_rows(const uint8_t *u, int in, const int8_t *wb, int R,
+                                                             int32_t *sums) {
+    __m512i acc[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+    for (int k = 0; k < in / 4; k++) {
+        __m512i wv = _mm512_loadu_si512((const void *)(wb + (size_t)k * 64));
+        for (int r = 0; r < R; r++) {
+            int32_t quad;
+            memcpy(&quad, u + (size_t)r * in + 4 * k, 4);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(quad), wv);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_si512((void *)(sums + r * 16), acc[r]);
+}
+#elif defined(__AVX2__)
+#define ROWS_MAX 4
+static inline __attribute__((always_inline)) void block_rows(const uint8_t *u, int in, const int8_t *wb, int R,
+                                                             int32_t *sums) {
+    /* u8 · s8 pairs into int16: |w| <= 63 keeps 2 · 255 · 63 below 32767, so nothing saturates */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i lo[ROWS_MAX], hi[ROWS_MAX];
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+    for (int k = 0; k < in / 4; k++) {
+        __m256i wl = _mm256_loadu_si256((const __m256i *)(wb + (size_t)k * 64));
+        __m256i wh = _mm256_loadu_si256((const __m256i *)(wb + (size_t)k * 64 + 32));
+        for (int r = 0; r < R; r++) {
+            int32_t quad;
+            memcpy(&quad, u + (size_t)r * in + 4 * k, 4);
+            __m256i q = _mm256_set1_epi32(quad);
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, wl), ones));
+            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, wh), ones));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_si256((__m256i *)(sums + r * 16), lo[r]);
+        _mm256_storeu_si256((__m256i *)(sums + r * 16 + 8), hi[r]);
+    }
+}
+#else
+#define ROWS_MAX 4
+static inline void block_rows(const uint8_t *u, int in, const int8_t *wb, int R, int32_t *sums) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 16; j++) {
+            int32_t t = 0;
+            for (int k = 0; k < in / 4; k++)
+                for (int e = 0; e < 4; e++) t += (int32_t)u[(size_t)r * in + 4 * k + e] * wb[(size_t)k * 64 + 4 * j + e];
+            sums[r * 16 + j] = t;
+        }
+}
+#endif
+
 /* ---- the step ------------------------------------------------------------------------- */
 extern "C" {
 
@@ -321,6 +390,57 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
         linear(&m->head, h, logits, xq, xu, m->threads);
     }
     free(buf), free(xq), free(xu);
+    return 0;
+}
+
+/* y [rows, out] = the per-row int8 product of x [rows, in] (see above) with W in 16-row blocks
+ * w4 [ceil(out / 16)][in / 4][16][4], sw and rsum [ceil(out / 16) · 16]; u [rows, in] and a [rows]
+ * are the caller's scratch. in must be a multiple of 4 (else returns 1, computing nothing).
+ * Output blocks split over `threads`. */
+int int8_rows(const float *x, int rows, int in, const int8_t *w4, const float *sw, const int32_t *rsum,
+              int out, float *y, uint8_t *u, float *a, int threads) {
+    if (in % 4) return 1;
+    const float s = (float)(2.0 / 255.0), inv = 1.f / s;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * in;
+        float m = 0.f;
+        for (int i = 0; i < in; i++) { float t = fabsf(xr[i]); m = t > m ? t : m; }
+        m = m < 1e-30f ? 1e-30f : m;
+        a[r] = m;
+        uint8_t *ur = u + (size_t)r * in;
+        for (int i = 0; i < in; i++) {
+            float t = nearbyintf(xr[i] / m * inv) + 128.f;
+            ur[i] = (uint8_t)(t < 0.f ? 0.f : (t > 255.f ? 255.f : t));
+        }
+    }
+    const int blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks >= 64)
+    for (int b = 0; b < blocks; b++) {
+        const int8_t *wb = w4 + (size_t)b * in * OUT_BLOCK;
+        int32_t sums[ROWS_MAX * OUT_BLOCK];
+        for (int r0 = 0; r0 < rows;) {
+            int R = rows - r0 >= ROWS_MAX ? ROWS_MAX : rows - r0;
+            const uint8_t *ur = u + (size_t)r0 * in;
+            switch (R) {  /* each count its own unrolled copy: the accumulators stay in registers */
+#if ROWS_MAX == 8
+            case 8: block_rows(ur, in, wb, 8, sums); break;
+            case 7: block_rows(ur, in, wb, 7, sums); break;
+            case 6: block_rows(ur, in, wb, 6, sums); break;
+            case 5: block_rows(ur, in, wb, 5, sums); break;
+#endif
+            case 4: block_rows(ur, in, wb, 4, sums); break;
+            case 3: block_rows(ur, in, wb, 3, sums); break;
+            case 2: block_rows(ur, in, wb, 2, sums); break;
+            default: block_rows(ur, in, wb, 1, sums); break;
+            }
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < OUT_BLOCK && b * OUT_BLOCK + j < out; j++) {
+                    const int o = b * OUT_BLOCK + j;
+                    y[(size_t)(r0 + r) * out + o] = (float)(sums[r * OUT_BLOCK + j] - 128 * rsum[o]) * (s * sw[o]) * a[r0 + r];
+                }
+            r0 += R;
+        }
+    }
     return 0;
 }
 

@@ -45,7 +45,7 @@ NAME = "specasr_draft_step"
 MAX_THREADS = 8
 # what the library's specasr_draft_abi() must return (SPECASR_DRAFT_ABI in draft_step.cpp): bumped
 # on both sides together whenever a signature, `_Dims` or the pointers' order changes
-ABI = 2
+ABI = 3
 # cpp_extension adds only -fPIC, -std=c++20 and torch's include paths of its own: the tuning is
 # these (-march=native: built per machine, keyed by the CPU's flags below). -ffp-contract=off:
 # g++ would fuse a * b + c into FMAs where gcc in ISO C mode does not; off, the C++ build rounds
@@ -216,6 +216,9 @@ def library() -> ctypes.CDLL | None:
     lib.draft_free.argtypes = [vp]
     lib.specasr_draft_pointers.argtypes = [ctypes.c_int]
     lib.specasr_draft_pointers.restype = ctypes.c_int
+    i = ctypes.c_int
+    lib.int8_rows.argtypes = [vp, i, i, vp, vp, vp, i, vp, vp, vp, i]
+    lib.int8_rows.restype = ctypes.c_int
     return lib
 
 
@@ -357,3 +360,53 @@ class FusedState:
                 )
                 raise RuntimeError(f"fused draft step failed ({why}) at position {pos + i}, token {token}")
         return out
+
+
+class Int8Rows:
+    """An int8 target's per-row product (`Int8Linear` with `per_row`) computed by the library
+    from the int8 rows in 16-row blocks (`int8_rows` in draft_step.cpp): bitwise
+    `scripted.int8_product(x, packed, None, True)`, built by one permutation of the rows where
+    fbgemm's packing of a 51865-row head costs every load more. No bias: the head has none.
+    x [rows, in] fp32 -> [rows, out]."""
+
+    BLOCK = 16  # OUT_BLOCK in draft_step.cpp
+
+    def __init__(self, linear: Int8Linear, lib: ctypes.CDLL) -> None:
+        if linear.kept is None or not linear.per_row or linear.kept[2] is not None:
+            raise ValueError("Int8Rows reads a per-row Int8Linear without bias built with keep=True")
+        q, scale, _ = linear.kept
+        self.lib = lib
+        self.out_features, self.in_features = out, inputs = q.shape
+        blocks = -(-out // self.BLOCK)
+        pad = blocks * self.BLOCK - out
+        padded = torch.cat([q, q.new_zeros(pad, inputs)]) if pad else q  # [blocks·16, in]
+        # [blocks, in/4, 16, 4]: four inputs of 16 outputs side by side
+        self.w = padded.view(blocks, self.BLOCK, inputs // 4, 4).transpose(1, 2).contiguous()
+        self.scale = torch.cat([scale.float(), scale.new_zeros(pad, dtype=torch.float32)])  # [blocks·16]
+        self.rsum = torch.cat([q.sum(dim=1, dtype=torch.int32), torch.zeros(pad, dtype=torch.int32)])
+
+    @classmethod
+    def of(cls, linear: Int8Linear) -> Int8Rows | None:
+        """The library's product for `linear`, or None where it cannot run (off, no compiler,
+        or inputs not a multiple of 4)."""
+        inputs = linear.kept[0].shape[1] if linear.kept is not None else 0
+        if not enabled() or inputs % 4:
+            return None
+        lib = library()
+        return None if lib is None else cls(linear, lib)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        x = x.float().contiguous()  # [rows, in]
+        rows = x.shape[0]
+        y = torch.empty(rows, self.out_features)  # [rows, out]
+        scratch_u = torch.empty(rows, self.in_features, dtype=torch.uint8)  # each row on its u8 grid
+        scratch_a = torch.empty(rows)  # each row's max |x|
+        ptr = ctypes.c_void_p
+        code = self.lib.int8_rows(
+            ptr(x.data_ptr()), rows, self.in_features, ptr(self.w.data_ptr()), ptr(self.scale.data_ptr()),
+            ptr(self.rsum.data_ptr()), self.out_features, ptr(y.data_ptr()), ptr(scratch_u.data_ptr()),
+            ptr(scratch_a.data_ptr()), torch.get_num_threads(),
+        )  # fmt: skip
+        if code:
+            raise ValueError(f"int8_rows does not take [{rows}, {self.in_features}] x [{self.out_features}, …]")
+        return y

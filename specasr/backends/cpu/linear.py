@@ -523,17 +523,27 @@ class Int8Head(nn.Module):
     """The tied output projection as a per-row `Int8Linear` (an int8 target): y ≈ x Wᵀ,
     x [..., in] -> [..., out]. `weight` is the token embedding it was quantised from, which
     the model keeps for lookups (memory-mapped from the conversion cache); quantising reads
-    it in place, so the only new memory is the int8 copy."""
+    it in place, so the only new memory is the int8 copy.
 
-    def __init__(self, weight: Tensor) -> None:
+    kernel(inner) -> a product over the kept int8 rows, or None (`specasr.backends.cpu.fused.
+    Int8Rows.of`, chosen by the loader): where it gives one, the head holds the int8 rows only
+    and never builds fbgemm's packed copy (the same values, bitwise); else fbgemm's, packed now."""
+
+    def __init__(self, weight: Tensor, kernel: Callable[[Int8Linear], Callable | None] | None = None) -> None:
         super().__init__()
         self.weight = _held(weight)
         self.bias = None
         self.out_features = weight.shape[0]
-        self.inner = Int8Linear(weight, None, per_row=True)
+        self.inner = Int8Linear(weight, None, per_row=True, keep=kernel is not None)
+        self.rows = kernel(self.inner) if kernel is not None else None  # x [rows, in] -> [rows, out]
+        if self.rows is None and self.inner.kept is not None:
+            self.inner.pack()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.inner(x)
+        if self.rows is None:
+            return self.inner(x)
+        y = self.rows(x.reshape(-1, x.shape[-1]))  # [rows, out]
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def swap_linears(module: nn.Module, make, pool=None) -> nn.Module:

@@ -408,5 +408,5 @@ class Int8Rows:
             ptr(scratch_a.data_ptr()), torch.get_num_threads(),
         )  # fmt: skip
         if code:
-            raise ValueError(f"int8_rows does not take [{rows}, {self.in_features}] x [{self.out_features}, …]")
+            raise ValueError(f"int8_rows takes no [{rows}, {self.in_features}] x [{self.out_features}, …]")
         return y

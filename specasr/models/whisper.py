@@ -574,11 +574,10 @@ def quantize_target(model: Whisper) -> Whisper:
             for name in names:
                 setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
 
-    # fbgemm packs a matrix on one thread, and the head is most of the packing: it goes first,
-    # and the layers share the other threads
+    # fbgemm packs a matrix on one thread: the layers' matrices pack side by side, beside the
+    # head, the largest, which reads its int8 rows through the compiled library where it runs
+    # (`Int8Rows`: one permutation, no fbgemm copy to pack) and is packed by fbgemm elsewhere
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        # the head's products read its int8 rows through the compiled library where it runs:
-        # no fbgemm copy to pack (`Int8Rows`)
         head = pool.submit(Int8Head, model.model.decoder.embed_tokens.weight, Int8Rows.of)
         layers = pool.map(quantize, model.model.decoder.layers)
         model.use_head_form(head.result())

@@ -21,6 +21,8 @@
  * The self-attention cache is the torch runner's own ([H, 448, dh] fp32 per layer, B = 1):
  * this step writes the token's keys and values at `pos` and attends over 0 … pos. The cross
  * K/V are the runner's ([H, S, dh], bf16 or fp32).
+ *
+ * The file also exports `int8_rows`, an int8 target's head product (`fused.Int8Rows`; see there).
  */
 #include <math.h>
 #include <stdint.h>

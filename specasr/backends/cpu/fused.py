@@ -18,6 +18,10 @@ Passes over several tokens or rows, and a machine without a C++ compiler, keep t
 `LeanRunner` calls it (`specasr.runtime.runner`): the library reads and writes the runner's own
 tensors (its self-attention cache at the token's position, its cross K/V), so the two paths
 can alternate within one decode.
+
+The same library computes an int8 target's head (`Int8Rows`, `int8_rows`): fbgemm's per-row
+product, bitwise, from the int8 rows laid out in 16-row blocks, so a load does not pay for
+fbgemm packing its own copy. `SPECASR_FUSED_DRAFT=0` turns the library off for both.
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ product cheaper. Two kinds:
   `specasr.backends.cpu.invariant`, this makes speculative decoding of an int8 target exact).
   Weights take 7 bits (±63) so that full 8-bit
   activations cannot saturate the 16-bit pair sums of AVX2's u8·s8 product (fbgemm's
-  `reduce_range` would instead halve the activations' grid).
+  `reduce_range` would instead halve the activations' grid). The head (`Int8Head`) computes
+  the same products, bitwise, in the compiled library where it runs (`specasr.backends.cpu.fused.
+  Int8Rows`), from its int8 rows: fbgemm's packing of a 51865-row head is most of an int8 load.
 
 No timings are quoted here: they belong to one machine and go stale as the code changes.
 The measurements behind these choices are in docs/benchmarks.md ("Component timings behind

@@ -538,7 +538,9 @@ class Int8Head(nn.Module):
         self.out_features = weight.shape[0]
         self.inner = Int8Linear(weight, None, per_row=True, keep=kernel is not None)
         self.rows = kernel(self.inner) if kernel is not None else None  # x [rows, in] -> [rows, out]
-        if self.rows is None and self.inner.kept is not None:
+        if self.rows is not None:
+            self.inner.kept = None  # the kernel holds the rows in its own layout: one copy
+        elif self.inner.kept is not None:
             self.inner.pack()
 
     def forward(self, x: Tensor) -> Tensor:

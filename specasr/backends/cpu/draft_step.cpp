@@ -403,6 +403,7 @@ int int8_rows(const float *x, int rows, int in, const int8_t *w4, const float *s
               int out, float *y, uint8_t *u, float *a, int threads) {
     if (in % 4) return 1;
     const float s = (float)(2.0 / 255.0), inv = 1.f / s;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 64)
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * in;
         float m = 0.f;

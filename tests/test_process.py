@@ -134,8 +134,8 @@ def _deferred_run(what: str, **switches: str) -> dict:
 
 
 def test_defer_torch_parts_leaves_them_unrun_until_tracing_needs_them():
-    if process._torch_built_for_a_gpu():
-        assert not _deferred_run("eager")["installed"]  # a GPU build keeps torch's own import
+    if process._torch_built_for_a_gpu() or not process._torch_release().startswith(process.DEFERRING_TORCH):
+        assert not _deferred_run("eager")["installed"]  # a GPU build, another release: torch's own import
         return
     eager = _deferred_run("eager")
     assert eager["installed"] and eager["rows"] == pytest.approx([1.0, 1.0])
@@ -151,6 +151,21 @@ def test_defer_torch_parts_off_or_after_torch_changes_nothing(monkeypatch):
     assert not off["installed"] and set(off["parts"].values()) == {"module"}
     assert not process.defer_torch_parts()  # torch is loaded in this process
     assert not any(isinstance(f, process._DeferringFinder) for f in sys.meta_path)
+
+
+def test_a_torch_release_it_was_not_written_for_keeps_its_own_import(monkeypatch):
+    """Checked before anything is installed: this process has torch loaded, so the release is
+    asked of a fresh interpreter's view through the same function."""
+    code = (
+        "from specasr.backends import process; process._torch_release = lambda: '{}'; "
+        "print(process.defer_torch_parts())"
+    )
+    for release, expect in (("2.4.1", "False"), ("", "False")):
+        out = subprocess.run(
+            [sys.executable, "-c", code.format(release)], capture_output=True, text=True, env=_env()
+        )
+        assert out.stdout.strip() == expect, out.stderr[-500:]
+    assert process._torch_release().startswith(torch.__version__.split("+")[0])  # this process's torch
 
 
 def test_a_torch_built_for_a_gpu_is_told_by_its_libraries(monkeypatch, tmp_path):

@@ -67,7 +67,7 @@ TRICKS: dict[str, Trick] = {
     ),
     "defer_torch_parts": Trick(
         "SPECASR_DEFER_TORCH_PARTS",
-        "CLI processes that run and exit, on a CPU-only torch: three parts of `import torch` that "
+        "CLI processes that run and exit, on a CPU-only torch of a tested release: three parts of `import torch` that "
         "eager CPU inference never runs (torch.export, torch._native's GPU kernels, the Python meta "
         "kernels for tracing) load at their first use instead",
     ),
@@ -345,7 +345,10 @@ class _TorchLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         self.loader.exec_module(module)
         for name in AFTER_TORCH:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError:  # a release without it: nothing of it was deferred either
+                pass
 
 
 class _DeferringFinder(importlib.abc.MetaPathFinder):
@@ -393,13 +396,31 @@ def _torch_built_for_a_gpu() -> bool:
     return any(n.startswith(("libtorch_cuda", "libtorch_hip", "libtorch_xpu")) for n in names)
 
 
+# the torch releases whose import this was written against and tested with: what `import torch`
+# runs, and in which order, changes between releases
+DEFERRING_TORCH = ("2.13.",)
+
+
+def _torch_release() -> str:
+    """The installed torch's version from its metadata (torch is not imported yet); "" if unknown."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def defer_torch_parts() -> bool:
     """Installs the deferral of `DEFERRED_TORCH_PARTS` (trick `defer_torch_parts`) for a CLI
     process that runs and exits, before torch is imported; True if it did. Nothing once torch
-    is loaded, on a torch built for a GPU, or when already installed."""
+    is loaded, on a torch built for a GPU, on a torch release not in `DEFERRING_TORCH`, or when
+    already installed."""
     if not enabled("defer_torch_parts") or "torch" in sys.modules:
         return False
     if any(isinstance(f, _DeferringFinder) for f in sys.meta_path) or _torch_built_for_a_gpu():
+        return False
+    if not _torch_release().startswith(DEFERRING_TORCH):
         return False
     sys.meta_path.insert(0, _DeferringFinder())
     return True

@@ -67,9 +67,9 @@ TRICKS: dict[str, Trick] = {
     ),
     "defer_torch_parts": Trick(
         "SPECASR_DEFER_TORCH_PARTS",
-        "CLI processes that run and exit, on a CPU-only torch of a tested release: three parts of `import torch` that "
-        "eager CPU inference never runs (torch.export, torch._native's GPU kernels, the Python meta "
-        "kernels for tracing) load at their first use instead",
+        "CLI processes that run and exit, on a CPU-only torch of a tested release: three parts of "
+        "`import torch` that eager CPU inference never runs (torch.export, torch._native's GPU "
+        "kernels, the Python meta kernels for tracing) load at their first use instead",
     ),
     "plain_calls": Trick(
         "SPECASR_PLAIN_CALLS",

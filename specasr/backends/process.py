@@ -309,8 +309,8 @@ TRACING_ENTRY = ("torch._dynamo", "torch._inductor", "torch.export.", "torch._fu
 
 
 class _DeferredModule(types.ModuleType):
-    """A deferred part of torch: its code runs, with every other deferred part's, on the first
-    access to a name it does not have yet."""
+    """A deferred part of torch: its code runs on the first access to a name it does not have
+    yet (the other parts stay deferred until their own use or a `TRACING_ENTRY` import)."""
 
     def __getattr__(self, name: str):
         _DeferringFinder.run_deferred(self)
@@ -360,7 +360,7 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
     _lock = threading.RLock()
 
     def find_spec(self, name, path, target=None):
-        if name.startswith(TRACING_ENTRY) or name.rstrip(".") in TRACING_ENTRY:
+        if name.startswith(TRACING_ENTRY):
             self.run_deferred()
             return None
         if name != "torch" and name not in DEFERRED_TORCH_PARTS:

@@ -226,6 +226,12 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _scales_and_sums(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """What the library reads beside int8 rows q [out, in]: their scales as fp32 [out] and
+    their sums as int32 [out] (for the +128 shift of unsigned inputs)."""
+    return scale.float().contiguous(), q.sum(dim=1, dtype=torch.int32).contiguous()
+
+
 class _Int8:
     """One product's tensors as the library reads them: W [out, in] int8, per-row scales and
     row sums, and the bias (or None), from an `Int8Linear` that kept its int8 rows."""
@@ -235,8 +241,7 @@ class _Int8:
             raise ValueError("the fused step reads a draft's Int8Linear built with keep=True")
         q, scale, bias = linear.kept
         self.w = q.contiguous()  # [out, in]
-        self.scale = scale.float().contiguous()  # [out]
-        self.rsum = q.sum(dim=1, dtype=torch.int32).contiguous()  # [out]
+        self.scale, self.rsum = _scales_and_sums(q, scale)  # [out] each
         self.bias = None if bias is None else bias.contiguous()  # [out] fp32
 
     def pointers(self) -> list[int]:
@@ -386,8 +391,9 @@ class Int8Rows:
         padded = torch.cat([q, q.new_zeros(pad, inputs)]) if pad else q  # [blocks·16, in]
         # [blocks, in/4, 16, 4]: four inputs of 16 outputs side by side
         self.w = padded.view(blocks, self.BLOCK, inputs // 4, 4).transpose(1, 2).contiguous()
-        self.scale = torch.cat([scale.float(), scale.new_zeros(pad, dtype=torch.float32)])  # [blocks·16]
-        self.rsum = torch.cat([q.sum(dim=1, dtype=torch.int32), torch.zeros(pad, dtype=torch.int32)])
+        scale, rsum = _scales_and_sums(q, scale)  # [out] each, then zeros for the padding rows
+        self.scale = torch.cat([scale, scale.new_zeros(pad)])  # [blocks·16]
+        self.rsum = torch.cat([rsum, rsum.new_zeros(pad)])  # [blocks·16]
 
     @classmethod
     def of(cls, linear: Int8Linear) -> Int8Rows | None:

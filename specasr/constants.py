@@ -24,6 +24,13 @@ def int8_decoder(compute_type: str) -> bool:
     return compute_type.startswith("int8")
 
 
+def int8_window(compute_type: str) -> bool:
+    """Whether a resolved compute type runs the encoder's products in int8, each row (frame)
+    quantised on its own (int8, as CTranslate2's int8 quantises its encoder; int8_bfloat16
+    runs the encoder in bf16)."""
+    return compute_type == "int8"
+
+
 def bf16_window(compute_type: str) -> bool:
     """Whether a resolved compute type runs the once-per-window products in bf16: the
     encoder's and the cross-attention K/V projections (bfloat16, int8_bfloat16)."""

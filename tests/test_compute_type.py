@@ -320,11 +320,13 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(int8_ba
     autoregressive tokens on every LibriVox clip and on the long-form fixture, sequential and
     chunked with VAD (ragged batched rows; with timestamps and without), with speculation running."""
     from benchmarks.longform import long_recording
+    from specasr.backends.cpu.fused import Int8RowsLinear
     from specasr.options import DecodeOptions, TranscribeOptions, VadOptions
     from specasr.transcription import transcribe, transcribe_clip
 
     pair = int8_base
     assert pair.compute_type == "int8" and pair.draft is not None
+    assert any(isinstance(m, Int8RowsLinear) for m in pair.target.model.encoder.modules())  # int8 states
     for clip in librivox:
         ex = transcribe_clip(clip.path, pair, DecodeOptions(mode="exact"))
         assert ex.tokens == int8_ar[clip.id].tokens, clip.id
@@ -387,3 +389,44 @@ def test_a_prompts_rows_skip_the_last_layer_but_keep_their_keys_and_values(monke
     same = torch.equal if int8 else (lambda a, b: torch.allclose(a, b, atol=1e-5, rtol=1e-4))
     (f1, n1, c1), (f2, n2, c2) = out[lean.SKIP_ROWS], out[10**9]
     assert same(f1, f2) and same(n1, n2) and all(same(a, b) for a, b in zip(c1, c2))
+
+
+def test_an_int8_encoder_quantises_each_frame_on_its_own_and_stays_close_to_fp32():
+    """`quantize_encoder`: every encoder product becomes a per-row int8 product (the compiled
+    library's), a frame's states do not depend on the other frames' scale beyond what attention
+    mixes, and the states stay close to the fp32 encoder's."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.backends.cpu.fused import Int8RowsLinear
+    from specasr.models.whisper import quantize_encoder
+
+    plain = random_tiny_pair(seed=5).target
+    q8 = copy.deepcopy(plain)
+    assert quantize_encoder(q8.model.encoder)
+    linears = [m for m in q8.model.encoder.modules() if isinstance(m, (nn.Linear, Int8RowsLinear))]
+    assert linears and all(isinstance(m, Int8RowsLinear) for m in linears)
+    x = torch.randn(5, plain.config.d_model) * torch.tensor([[1e-3], [1.0], [10.0], [1e3], [0.5]])
+    form = linears[0]
+    alone = torch.cat([form(x[i : i + 1]) for i in range(5)])
+    assert torch.equal(form(x), alone)  # each frame on its own grid: 1e3 beside 1e-3 changes nothing
+    mel = torch.randn(2, plain.config.num_mel_bins, 3000, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        ref, mine = plain.model.encoder(mel), q8.model.encoder(mel)
+    assert ((mine - ref).norm() / ref.norm()) < 0.1
+
+
+def test_only_compute_type_int8_quantises_the_encoder(monkeypatch):
+    from specasr.constants import int8_window
+
+    assert int8_window("int8") and not any(int8_window(c) for c in ("float32", "bfloat16", "int8_bfloat16"))
+
+
+def test_an_int8_encoder_stays_fp32_where_the_library_is_off(monkeypatch):
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.models.whisper import quantize_encoder
+
+    monkeypatch.setenv("SPECASR_FUSED_DRAFT", "0")
+    model = random_tiny_pair(seed=5).target
+    assert not quantize_encoder(model.model.encoder)
+    assert all(type(m) is nn.Linear for m in model.model.encoder.modules() if isinstance(m, nn.Linear))

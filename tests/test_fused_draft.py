@@ -263,6 +263,24 @@ def test_the_int8_head_kernel_gives_a_row_what_it_gives_it_alone():
     assert all(torch.equal(together[i], head(x[i : i + 1])[0]) for i in range(11))
 
 
+@pytest.mark.parametrize("out", [512, 40])
+def test_an_encoder_shaped_product_splits_its_frames_over_the_threads_without_changing_a_row(out):
+    """1500 frames against few output blocks: the library splits the frames into chunks as well
+    (integer sums, so no split moves a bit); still fbgemm's per-row product, and each frame
+    what it gets alone."""
+    from specasr.backends.cpu.linear import Int8Linear
+
+    g = torch.Generator().manual_seed(out)
+    weight = torch.randn(out, 512, generator=g) * 0.05
+    reference = Int8Linear(weight, None, per_row=True, keep=True)
+    rows = fused.Int8Rows.of(reference)
+    x = torch.randn(1500, 512, generator=g) * torch.rand(1500, 1, generator=g) * 8
+    together = rows(x)
+    assert torch.equal(together, reference(x[None])[0])
+    assert torch.equal(together[1000:1003], rows(x[1000:1003]))
+    assert torch.equal(together[64:65], rows(x[64:65]))  # a chunk's first frame
+
+
 def test_the_int8_head_falls_back_to_fbgemm_where_the_library_is_off(monkeypatch):
     from specasr.backends.cpu.linear import Int8Head, Int8Linear
 

@@ -27,11 +27,11 @@ from torch import nn
 from specasr.backends import process
 from specasr.backends.cpu import bf16, heap
 from specasr.backends.cpu.linear import int8_available
-from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder
+from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder, int8_window
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.whisper import Whisper, load_whisper, quantize_target, use_half_weights
+from specasr.models.whisper import Whisper, load_whisper, quantize_encoder, quantize_target, use_half_weights
 from specasr.runtime.forms import LayerForm
 from specasr.runtime.layers import no_init
 from specasr.runtime.runner import LeanDecoder, decoder_form, lean_decoder
@@ -291,9 +291,11 @@ def load_pair(
     can move the acceptance rate, never the transcript.
     compute_type: the target's products (`resolve_compute_type`): "float32", "int8" (the
     decoder's, CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy
-    target of its own; speculative modes keep its greedy tokens, `specasr.backends.cpu.invariant`),
-    "bfloat16" (the encoder's, CPUs with native bf16: `specasr.backends.cpu.bf16`, lossy),
-    "int8_bfloat16" (both) or "auto".
+    target of its own; speculative modes keep its greedy tokens, `specasr.backends.cpu.invariant`;
+    and the encoder's, a scale per frame, where the compiled library runs:
+    `specasr.models.whisper.quantize_encoder`), "bfloat16" (the encoder's, CPUs with native
+    bf16: `specasr.backends.cpu.bf16`, lossy), "int8_bfloat16" (the int8 decoder and the bf16
+    encoder) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, a longer
     load; measured: docs/benchmarks.md); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
@@ -329,6 +331,10 @@ def load_pair(
         d_model.model.encoder = t_model.model.encoder
     if int8_decoder(compute_type):  # after the draft took what it shares (embeddings, head rows)
         quantize_target(t_model)
+    if int8_window(compute_type):  # one encoder: a distilled draft reads the same states
+        quantize_encoder(t_model.model.encoder)
+        if d_model is not None and not shared:
+            quantize_encoder(d_model.model.encoder)
     if bf16_window(compute_type):  # one encoder: a distilled draft reads the same states
         bf16.bf16_encoder(t_model.model.encoder)
         bf16.bf16_cross_kv(t_model.model.decoder)  # before the lean view below takes the projections
@@ -362,7 +368,8 @@ def resolve_compute_type(
     compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
 ) -> str:
     """The target's compute type for a requested one: "float32", "int8" (the decoder's
-    products), "bfloat16" (the encoder's, `specasr.backends.cpu.bf16`) or "int8_bfloat16" (both, as
+    products, and the encoder's where the compiled library runs), "bfloat16" (the encoder's,
+    `specasr.backends.cpu.bf16`) or "int8_bfloat16" (the int8 decoder and the bf16 encoder, as
     faster-whisper names it). "int8" needs a CPU, fp32 and fbgemm (x86 builds); bf16 needs a
     CPU in fp32 with native bf16 dot products (AVX512_BF16 or AMX); asked for elsewhere
     either is a ValueError.

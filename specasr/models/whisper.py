@@ -549,6 +549,34 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     return model
 
 
+def quantize_encoder(encoder: nn.Module) -> bool:
+    """The encoder's products as per-row int8 (`compute_type="int8"`, CPU), in place, where the
+    compiled library runs (`specasr.backends.cpu.fused.Int8RowsLinear`): weights per output row
+    (±63), each frame's activations quantised on its own. One scale for a whole [1500, d] input,
+    as fbgemm's dynamic product takes it, cost speech on held-out recordings; a scale per frame
+    did not, and a window's pass is faster (measured: docs/benchmarks.md). Lossy against the
+    fp32 encoder, like the int8 decoder; a distilled draft reads the same states. True if it
+    quantised, False where the library cannot run (the encoder stays as it was)."""
+    from specasr.backends.cpu.fused import Int8RowsLinear
+    from specasr.backends.cpu.linear import MappedLinear
+
+    slots = [
+        (parent, name, child)
+        for parent in encoder.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, (nn.Linear, MappedLinear))
+    ]
+    forms = []
+    for _, _, child in slots:
+        form = Int8RowsLinear.of(child)  # reads a mapped matrix once, then drops its pages
+        if form is None:
+            return False
+        forms.append(form)
+    for (parent, name, _), form in zip(slots, forms):
+        setattr(parent, name, form)
+    return True
+
+
 def quantize_target(model: Whisper) -> Whisper:
     """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
     (but cross-attention K/V) and the tied output head become per-row
@@ -556,8 +584,8 @@ def quantize_target(model: Whisper) -> Whisper:
     Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
     The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
-    (memory-mapped) for lookups, and the encoder stays as loaded: int8 encoder products were
-    faster per window but cost speech on the long-form fixture (measured: docs/benchmarks.md)."""
+    (memory-mapped) for lookups, and the encoder stays as loaded (`quantize_encoder` is its own
+    step)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from specasr.backends.cpu.fused import Int8Rows

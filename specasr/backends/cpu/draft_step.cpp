@@ -216,6 +216,7 @@ static inline float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678
  * row alone. */
 
 #define OUT_BLOCK 16
+#define ROWS_CHUNK 64 /* rows per task of int8_rows */
 
 #if defined(__AVX512VNNI__)
 #define ROWS_MAX 8
@@ -412,36 +413,46 @@ int int8_rows(const float *x, int rows, int in, const int8_t *w4, const float *s
         a[r] = m;
         uint8_t *ur = u + (size_t)r * in;
         for (int i = 0; i < in; i++) {
-            float t = nearbyintf(xr[i] / m * inv) + 128.f;
+            /* the zero point added inside one fused multiply-add, then rounded: fbgemm's order,
+             * which differs from rounding first where the sum drops a tie's last bit */
+            float t = nearbyintf(fmaf(xr[i] / m, inv, 128.f));
             ur[i] = (uint8_t)(t < 0.f ? 0.f : (t > 255.f ? 255.f : t));
         }
     }
+    /* Tasks are (16 outputs, up to ROWS_CHUNK rows): a head's few rows split over its
+     * thousands of blocks, an encoder's 1500 frames over their chunks as well (a [1500, 512]
+     * product has only 32 blocks). Sums are integers, so the split never changes a result. */
     const int blocks = (out + OUT_BLOCK - 1) / OUT_BLOCK;
-#pragma omp parallel for schedule(static) num_threads(threads) if (blocks >= 64)
+    const int chunks = (rows + ROWS_CHUNK - 1) / ROWS_CHUNK;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (blocks * chunks >= 64)
     for (int b = 0; b < blocks; b++) {
-        const int8_t *wb = w4 + (size_t)b * in * OUT_BLOCK;
-        int32_t sums[ROWS_MAX * OUT_BLOCK];
-        for (int r0 = 0; r0 < rows;) {
-            int R = rows - r0 >= ROWS_MAX ? ROWS_MAX : rows - r0;
-            const uint8_t *ur = u + (size_t)r0 * in;
-            switch (R) {  /* each count its own unrolled copy: the accumulators stay in registers */
+        for (int c = 0; c < chunks; c++) {
+            const int8_t *wb = w4 + (size_t)b * in * OUT_BLOCK;
+            const int end = (c + 1) * ROWS_CHUNK < rows ? (c + 1) * ROWS_CHUNK : rows;
+            int32_t sums[ROWS_MAX * OUT_BLOCK];
+            for (int r0 = c * ROWS_CHUNK; r0 < end;) {
+                int R = end - r0 >= ROWS_MAX ? ROWS_MAX : end - r0;
+                const uint8_t *ur = u + (size_t)r0 * in;
+                switch (R) {  /* each count its own unrolled copy: the accumulators stay in registers */
 #if ROWS_MAX == 8
-            case 8: block_rows(ur, in, wb, 8, sums); break;
-            case 7: block_rows(ur, in, wb, 7, sums); break;
-            case 6: block_rows(ur, in, wb, 6, sums); break;
-            case 5: block_rows(ur, in, wb, 5, sums); break;
+                case 8: block_rows(ur, in, wb, 8, sums); break;
+                case 7: block_rows(ur, in, wb, 7, sums); break;
+                case 6: block_rows(ur, in, wb, 6, sums); break;
+                case 5: block_rows(ur, in, wb, 5, sums); break;
 #endif
-            case 4: block_rows(ur, in, wb, 4, sums); break;
-            case 3: block_rows(ur, in, wb, 3, sums); break;
-            case 2: block_rows(ur, in, wb, 2, sums); break;
-            default: block_rows(ur, in, wb, 1, sums); break;
-            }
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < OUT_BLOCK && b * OUT_BLOCK + j < out; j++) {
-                    const int o = b * OUT_BLOCK + j;
-                    y[(size_t)(r0 + r) * out + o] = (float)(sums[r * OUT_BLOCK + j] - 128 * rsum[o]) * (s * sw[o]) * a[r0 + r];
+                case 4: block_rows(ur, in, wb, 4, sums); break;
+                case 3: block_rows(ur, in, wb, 3, sums); break;
+                case 2: block_rows(ur, in, wb, 2, sums); break;
+                default: block_rows(ur, in, wb, 1, sums); break;
                 }
-            r0 += R;
+                for (int r = 0; r < R; r++)
+                    for (int j = 0; j < OUT_BLOCK && b * OUT_BLOCK + j < out; j++) {
+                        const int o = b * OUT_BLOCK + j;
+                        y[(size_t)(r0 + r) * out + o] =
+                            (float)(sums[r * OUT_BLOCK + j] - 128 * rsum[o]) * (s * sw[o]) * a[r0 + r];
+                    }
+                r0 += R;
+            }
         }
     }
     return 0;

@@ -420,3 +420,27 @@ class Int8Rows:
         if code:
             raise ValueError(f"int8_rows takes no [{rows}, {self.in_features}] x [{self.out_features}, …]")
         return y
+
+
+class Int8RowsLinear(torch.nn.Module):
+    """y ≈ x Wᵀ + b through `Int8Rows`: W int8 per output row (±63), each row of x quantised on
+    its own (per token). x [..., in] fp32 -> [..., out]."""
+
+    def __init__(self, rows: Int8Rows, bias: Tensor | None) -> None:
+        super().__init__()
+        self.rows = rows
+        self.bias = None if bias is None else bias.detach().float().contiguous()  # [out]
+        self.in_features, self.out_features = rows.in_features, rows.out_features
+
+    @classmethod
+    def of(cls, linear: torch.nn.Module) -> Int8RowsLinear | None:
+        """`linear` (weight [out, in], bias) as per-row int8 products, or None where the library
+        cannot run."""
+        rows = Int8Rows.of(Int8Linear(linear.weight, None, per_row=True, keep=True))
+        return None if rows is None else cls(rows, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.rows(x.reshape(-1, x.shape[-1]))  # [rows, out]
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*x.shape[:-1], self.out_features)

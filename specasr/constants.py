@@ -25,9 +25,9 @@ def int8_decoder(compute_type: str) -> bool:
 
 
 def int8_window(compute_type: str) -> bool:
-    """Whether a resolved compute type runs the encoder's products in int8, each row (frame)
-    quantised on its own (int8, as CTranslate2's int8 quantises its encoder; int8_bfloat16
-    runs the encoder in bf16)."""
+    """Whether a resolved compute type runs the once-per-window products (the encoder's, the
+    cross-attention K/V projections) in int8, each row (frame) quantised on its own (int8, as
+    CTranslate2's int8 quantises them; int8_bfloat16 runs them in bf16)."""
     return compute_type == "int8"
 
 

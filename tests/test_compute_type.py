@@ -327,6 +327,9 @@ def test_an_int8_target_decodes_speculatively_with_its_own_greedy_tokens(int8_ba
     pair = int8_base
     assert pair.compute_type == "int8" and pair.draft is not None
     assert any(isinstance(m, Int8RowsLinear) for m in pair.target.model.encoder.modules())  # int8 states
+    assert all(
+        isinstance(layer.encoder_attn.v_proj, Int8RowsLinear) for layer in pair.target.model.decoder.layers
+    )
     for clip in librivox:
         ex = transcribe_clip(clip.path, pair, DecodeOptions(mode="exact"))
         assert ex.tokens == int8_ar[clip.id].tokens, clip.id
@@ -415,6 +418,38 @@ def test_an_int8_encoder_quantises_each_frame_on_its_own_and_stays_close_to_fp32
     assert ((mine - ref).norm() / ref.norm()) < 0.1
 
 
+def test_an_int8_targets_cross_keys_and_values_are_per_frame_int8_and_each_windows_own():
+    """`quantize_window`: the encoder's products and every layer's cross K/V projections become
+    the library's per-row products; a window's K/V (and Kᵀ) in a batch of windows are bitwise
+    those it gets alone, and close to fp32's."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.backends.cpu.fused import Int8RowsLinear
+    from specasr.models.whisper import quantize_window
+
+    plain = random_tiny_pair(seed=5).target
+    q8 = copy.deepcopy(plain)
+    assert quantize_window(q8)
+    layers = q8.model.decoder.layers
+    assert all(
+        isinstance(getattr(x.encoder_attn, n), Int8RowsLinear) for x in layers for n in ("k_proj", "v_proj")
+    )
+    assert all(
+        isinstance(m, Int8RowsLinear) for m in q8.model.encoder.modules() if hasattr(m, "out_features")
+    )
+    g = torch.Generator().manual_seed(8)
+    states = torch.randn(2, 1500, plain.config.d_model, generator=g) * torch.tensor([[[0.1]], [[30.0]]])
+    with torch.inference_mode():
+        for kt in (False, True):
+            for mine, ref in zip(layers, plain.model.decoder.layers):
+                both = mine.cross_kv(states, kt)  # K (or Kᵀ), V [2, H, …]
+                alone = [mine.cross_kv(states[i : i + 1], kt) for i in range(2)]
+                for j in range(2):
+                    assert all(torch.equal(both[t][j], alone[j][t][0]) for t in range(2))
+                for a, b in zip(both, ref.cross_kv(states, kt)):
+                    assert ((a - b).norm() / b.norm()) < 0.05
+
+
 def test_only_compute_type_int8_quantises_the_encoder(monkeypatch):
     from specasr.constants import int8_window
 
@@ -424,9 +459,10 @@ def test_only_compute_type_int8_quantises_the_encoder(monkeypatch):
 def test_an_int8_encoder_stays_fp32_where_the_library_is_off(monkeypatch):
     from tiny_pairs import random_tiny_pair
 
-    from specasr.models.whisper import quantize_encoder
+    from specasr.models.whisper import quantize_encoder, quantize_window
 
     monkeypatch.setenv("SPECASR_FUSED_DRAFT", "0")
     model = random_tiny_pair(seed=5).target
-    assert not quantize_encoder(model.model.encoder)
+    assert not quantize_encoder(model.model.encoder) and not quantize_window(model)
     assert all(type(m) is nn.Linear for m in model.model.encoder.modules() if isinstance(m, nn.Linear))
+    assert all(type(x.encoder_attn.k_proj) is nn.Linear for x in model.model.decoder.layers)

@@ -9,16 +9,18 @@ import torch
 from benchmarks.int8_wer import STRATEGIES, _options, _pair
 
 
-def test_the_two_int8_pairs_differ_in_the_encoder_and_the_switch_comes_back(monkeypatch):
+def test_the_two_int8_pairs_differ_in_the_window_products_and_the_switch_comes_back(monkeypatch):
     from specasr.backends.cpu.fused import Int8RowsLinear
 
     monkeypatch.setenv("SPECASR_FUSED_DRAFT", "1")
-    plain = _pair(fp32_encoder=True)
+    plain = _pair(fp32_window=True)
     assert os.environ["SPECASR_FUSED_DRAFT"] == "1"
-    q8 = _pair(fp32_encoder=False)
+    q8 = _pair(fp32_window=False)
     assert plain.compute_type == q8.compute_type == "int8"
     assert not any(isinstance(m, Int8RowsLinear) for m in plain.target.model.encoder.modules())
     assert any(isinstance(m, Int8RowsLinear) for m in q8.target.model.encoder.modules())
+    assert isinstance(q8.target.model.decoder.layers[0].encoder_attn.k_proj, Int8RowsLinear)
+    assert not isinstance(plain.target.model.decoder.layers[0].encoder_attn.k_proj, Int8RowsLinear)
     mel = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(3))  # [1, 80, 3000]
     with torch.inference_mode():
         a, b = plain.target.model.encoder(mel), q8.target.model.encoder(mel)  # [1, 1500, 512]

@@ -31,7 +31,14 @@ from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder, int8_win
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.whisper import Whisper, load_whisper, quantize_encoder, quantize_target, use_half_weights
+from specasr.models.whisper import (
+    Whisper,
+    load_whisper,
+    quantize_encoder,
+    quantize_target,
+    quantize_window,
+    use_half_weights,
+)
 from specasr.runtime.forms import LayerForm
 from specasr.runtime.layers import no_init
 from specasr.runtime.runner import LeanDecoder, decoder_form, lean_decoder
@@ -307,10 +314,10 @@ def load_pair(
     compute_type: the target's products (`resolve_compute_type`): "float32", "int8" (the
     decoder's, CPU, fp32 activations: `specasr.models.whisper.quantize_target`, a lossy
     target of its own; speculative modes keep its greedy tokens, `specasr.backends.cpu.invariant`;
-    and the encoder's, a scale per frame, where the compiled library runs:
-    `specasr.models.whisper.quantize_encoder`), "bfloat16" (the encoder's, CPUs with native
-    bf16: `specasr.backends.cpu.bf16`, lossy), "int8_bfloat16" (the int8 decoder and the bf16
-    encoder) or "auto".
+    and the once-per-window products, the encoder's and the cross K/V projections, a scale per
+    frame, where the compiled library runs: `specasr.models.whisper.quantize_window`),
+    "bfloat16" (the once-per-window products, CPUs with native bf16: `specasr.backends.cpu.bf16`,
+    lossy), "int8_bfloat16" (the int8 decoder and bf16 once-per-window products) or "auto".
     half_weights: also hold an fp16 checkpoint's fp32 decoder fp16-packed for few-row passes
     (`specasr.models.whisper.use_half_weights`: the same products, cheaper steps, a longer
     load; measured: docs/benchmarks.md); None reads SPECASR_HALF_WEIGHTS ("1": yes), else no."""
@@ -347,7 +354,7 @@ def load_pair(
     if int8_decoder(compute_type):  # after the draft took what it shares (embeddings, head rows)
         quantize_target(t_model)
     if int8_window(compute_type):  # one encoder: a distilled draft reads the same states
-        quantize_encoder(t_model.model.encoder)
+        quantize_window(t_model)  # before the lean view below takes the cross K/V projections
         if d_model is not None and not shared:
             quantize_encoder(d_model.model.encoder)
     if bf16_window(compute_type):  # one encoder: a distilled draft reads the same states

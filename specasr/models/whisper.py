@@ -549,26 +549,27 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     return model
 
 
-def quantize_encoder(encoder: nn.Module) -> bool:
-    """The encoder's products as per-row int8 (`compute_type="int8"`, CPU), in place, where the
-    compiled library runs (`specasr.backends.cpu.fused.Int8RowsLinear`): weights per output row
-    (±63), each frame's activations quantised on its own. One scale for a whole [1500, d] input,
-    as fbgemm's dynamic product takes it, cost speech on held-out recordings; a scale per frame
-    did not, and a window's pass is faster (measured: docs/benchmarks.md). Lossy against the
-    fp32 encoder, like the int8 decoder; a distilled draft reads the same states. True if it
-    quantised, False where the library cannot run (the encoder stays as it was)."""
-    from specasr.backends.cpu.fused import Int8RowsLinear
+def _linear_slots(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, linear) of every matrix product below `module`, mapped or not."""
     from specasr.backends.cpu.linear import MappedLinear
 
-    slots = [
+    return [
         (parent, name, child)
-        for parent in encoder.modules()
+        for parent in module.modules()
         for name, child in parent.named_children()
         if isinstance(child, (nn.Linear, MappedLinear))
     ]
+
+
+def _int8_rows_in_place(slots: list[tuple[nn.Module, str, nn.Module]]) -> bool:
+    """Each (parent, name, linear) of `slots` becomes the library's per-row int8 product
+    (`specasr.backends.cpu.fused.Int8RowsLinear`), all of them or, where the library cannot
+    run, none (False)."""
+    from specasr.backends.cpu.fused import Int8RowsLinear
+
     forms = []
     for _, _, child in slots:
-        form = Int8RowsLinear.of(child)  # reads a mapped matrix once, then drops its pages
+        form = Int8RowsLinear.of(child)
         if form is None:
             return False
         forms.append(form)
@@ -577,15 +578,39 @@ def quantize_encoder(encoder: nn.Module) -> bool:
     return True
 
 
+def quantize_encoder(encoder: nn.Module) -> bool:
+    """The encoder's products as per-row int8 (`compute_type="int8"`, CPU), in place, where the
+    compiled library runs (`specasr.backends.cpu.fused.Int8RowsLinear`): weights per output row
+    (±63), each frame's activations quantised on its own. One scale for a whole [1500, d] input,
+    as fbgemm's dynamic product takes it, cost speech on held-out recordings; a scale per frame
+    did not, and a window's pass is faster (measured: docs/benchmarks.md). Lossy against the
+    fp32 encoder, like the int8 decoder; a distilled draft reads the same states. True if it
+    quantised, False where the library cannot run (the encoder stays as it was)."""
+    return _int8_rows_in_place(_linear_slots(encoder))
+
+
+def quantize_window(model: Whisper) -> bool:
+    """An int8 target's once-per-window products in int8, in place, as `quantize_encoder` makes
+    the encoder's: the encoder's and the decoder's cross-attention K/V projections (which
+    `bf16_window` types run in bf16). Every step reads the window's K/V, computed once, so
+    speculative passes stay row-invariant; a frame's K/V never depend on the other frames or
+    windows in a batch. All or nothing, as `quantize_encoder`."""
+    slots = _linear_slots(model.model.encoder) + [
+        (layer.encoder_attn, name, getattr(layer.encoder_attn, name))
+        for layer in model.model.decoder.layers
+        for name in ("k_proj", "v_proj")
+    ]
+    return _int8_rows_in_place(slots)
+
+
 def quantize_target(model: Whisper) -> Whisper:
     """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
     (but cross-attention K/V) and the tied output head become per-row
     `specasr.backends.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
     Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
-    The cross K/V projections stay fp32 (once per window), the token embedding stays fp32
-    (memory-mapped) for lookups, and the encoder stays as loaded (`quantize_encoder` is its own
-    step)."""
+    The token embedding stays fp32 (memory-mapped) for lookups; the once-per-window products
+    (the encoder's, the cross-attention K/V projections) are `quantize_window`'s step."""
     from concurrent.futures import ThreadPoolExecutor
 
     from specasr.backends.cpu.fused import Int8Rows

@@ -390,11 +390,11 @@ def resolve_compute_type(
     compute_type: str, device: torch.device, dtype: torch.dtype, speculative: bool = False
 ) -> str:
     """The target's compute type for a requested one: "float32", "int8" (the decoder's
-    products, and the encoder's where the compiled library runs), "bfloat16" (the encoder's,
-    `specasr.backends.cpu.bf16`) or "int8_bfloat16" (the int8 decoder and the bf16 encoder, as
-    faster-whisper names it). "int8" needs a CPU, fp32 and fbgemm (x86 builds); bf16 needs a
-    CPU in fp32 with native bf16 dot products (AVX512_BF16 or AMX); asked for elsewhere
-    either is a ValueError.
+    products, and the once-per-window ones where the compiled library runs), "bfloat16" (the
+    once-per-window products, `specasr.backends.cpu.bf16`) or "int8_bfloat16" (the int8 decoder,
+    bf16 once-per-window products, as faster-whisper names it). "int8" needs a CPU, fp32 and
+    fbgemm (x86 builds); bf16 needs a CPU in fp32 with native bf16 dot products (AVX512_BF16 or
+    AMX); asked for elsewhere either is a ValueError.
     "float32" on CUDA means the model's own dtype. "auto" is "int8" for target-only decoding
     (no draft loaded: `speculative` False) on a CPU in fp32 where fbgemm runs and torch
     reports AVX2 or AVX-512 (int8 measured faster there on AVX2 without VNNI:

@@ -450,7 +450,7 @@ def test_an_int8_targets_cross_keys_and_values_are_per_frame_int8_and_each_windo
                     assert ((a - b).norm() / b.norm()) < 0.05
 
 
-def test_only_compute_type_int8_quantises_the_encoder(monkeypatch):
+def test_only_compute_type_int8_quantises_the_encoder():
     from specasr.constants import int8_window
 
     assert int8_window("int8") and not any(int8_window(c) for c in ("float32", "bfloat16", "int8_bfloat16"))

@@ -153,7 +153,7 @@ def test_defer_torch_parts_off_or_after_torch_changes_nothing(monkeypatch):
     assert not any(isinstance(f, process._DeferringFinder) for f in sys.meta_path)
 
 
-def test_a_torch_release_it_was_not_written_for_keeps_its_own_import(monkeypatch):
+def test_a_torch_release_it_was_not_written_for_keeps_its_own_import():
     """Checked before anything is installed: this process has torch loaded, so the release is
     asked of a fresh interpreter's view through the same function."""
     code = (

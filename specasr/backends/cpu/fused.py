@@ -395,15 +395,17 @@ class Int8Rows:
         self.scale = torch.cat([scale, scale.new_zeros(pad)])  # [blocks·16]
         self.rsum = torch.cat([rsum, rsum.new_zeros(pad)])  # [blocks·16]
 
+    @staticmethod
+    def runs(inputs: int) -> bool:
+        """Whether the library can take products of `inputs` inputs here (on, built, and a
+        multiple of 4): asked before quantising anything for it."""
+        return inputs > 0 and inputs % 4 == 0 and enabled() and library() is not None
+
     @classmethod
     def of(cls, linear: Int8Linear) -> Int8Rows | None:
-        """The library's product for `linear`, or None where it cannot run (off, no compiler,
-        or inputs not a multiple of 4)."""
+        """The library's product for `linear`, or None where it cannot run (`runs`)."""
         inputs = linear.kept[0].shape[1] if linear.kept is not None else 0
-        if not enabled() or inputs % 4:
-            return None
-        lib = library()
-        return None if lib is None else cls(linear, lib)
+        return cls(linear, library()) if cls.runs(inputs) else None
 
     def __call__(self, x: Tensor) -> Tensor:
         x = x.float().contiguous()  # [rows, in]
@@ -435,9 +437,10 @@ class Int8RowsLinear(torch.nn.Module):
     @classmethod
     def of(cls, linear: torch.nn.Module) -> Int8RowsLinear | None:
         """`linear` (weight [out, in], bias) as per-row int8 products, or None where the library
-        cannot run."""
-        rows = Int8Rows.of(Int8Linear(linear.weight, None, per_row=True, keep=True))
-        return None if rows is None else cls(rows, linear.bias)
+        cannot run (nothing quantised then)."""
+        if not Int8Rows.runs(linear.weight.shape[1]):
+            return None
+        return cls(Int8Rows.of(Int8Linear(linear.weight, None, per_row=True, keep=True)), linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.rows(x.reshape(-1, x.shape[-1]))  # [rows, out]

@@ -110,7 +110,8 @@ from specasr.backends import process
 installed = process.defer_torch_parts()
 import torch
 parts = {m: type(sys.modules[m]).__name__ for m in process.DEFERRED_TORCH_PARTS if m in sys.modules}
-g = torch.Generator().manual_seed(0)  # needs AFTER_TORCH
+g = torch.Generator().manual_seed(0)  # needs the generator's metaclass, set after torch's import
+prims = "torch._prims" in sys.modules  # built by the deferred parts, not for eager work
 lin = torch.nn.Linear(4, 3)
 y = lin(torch.randn(2, 4, generator=g)).softmax(-1)
 traced = None
@@ -118,10 +119,13 @@ if sys.argv[1] == "export":  # tracing needs the meta kernels: every deferred pa
     exported = torch.export.export(lin, (torch.randn(2, 4),))
     traced = exported.module()(torch.ones(2, 4)).shape == (2, 3)
     parts = {m: type(sys.modules[m]).__name__ for m in parts}
+    from torch._library.opaque_object import is_opaque_type
+    prims = "torch._prims" in sys.modules and is_opaque_type(torch.Generator)  # as torch's own import
 if sys.argv[1] == "dtensor":  # as transformers imports it: reaches torch.export's submodules
     import torch.distributed.tensor
     parts = {m: type(sys.modules[m]).__name__ for m in parts}
-print(json.dumps({"installed": installed, "parts": parts, "rows": y.sum(-1).tolist(), "traced": traced}))
+out = {"installed": installed, "parts": parts, "rows": y.sum(-1).tolist(), "traced": traced, "prims": prims}
+print(json.dumps(out))
 """
 
 
@@ -141,8 +145,10 @@ def test_defer_torch_parts_leaves_them_unrun_until_tracing_needs_them():
     assert eager["installed"] and eager["rows"] == pytest.approx([1.0, 1.0])
     assert set(eager["parts"]) >= {"torch._meta_registrations", "torch._native", "torch.export"}
     assert set(eager["parts"].values()) == {"_DeferredModule"}
+    assert eager["prims"] is False  # the metaclass alone was set, not torch's prims built
     traced = _deferred_run("export")
     assert traced["traced"] is True and set(traced["parts"].values()) == {"module"}
+    assert traced["prims"] is True  # the deferred parts built them and registered the generator
     assert set(_deferred_run("dtensor")["parts"].values()) == {"module"}
 
 

@@ -301,9 +301,30 @@ DEFERRED_TORCH_PARTS = (
     "torch._native",
     "torch.export",
 )
-# imported at the end of torch's import, as the deferred parts would have: sets torch.Generator's
-# metaclass, without which no generator can be made
+# imported at the end of torch's import where `_set_generator_metaclass` is missing, as the deferred
+# parts would have: sets torch.Generator's metaclass, without which no generator can be made
 AFTER_TORCH = ("torch._prims.rng_prims",)
+
+
+def _set_generator_metaclass() -> bool:
+    """What of `AFTER_TORCH` eager work needs, without the rest: torch.Generator's metaclass, set
+    as `torch._prims.rng_prims` sets it at its end. That module also builds torch's prims (112
+    custom operators, about 0.06 s) and registers the generator for tracing; it runs with the
+    deferred parts (`torch._meta_registrations` imports it), where setting the same metaclass
+    again changes nothing. False where this torch has no such switch."""
+    import torch
+
+    set_meta = getattr(torch._C, "_set_generator_metaclass", None)
+    try:
+        from torch._opaque_base import OpaqueBaseMeta
+    except ImportError:
+        return False
+    if set_meta is None:
+        return False
+    set_meta(OpaqueBaseMeta)
+    return True
+
+
 # importing one of these (or a submodule) first runs every deferred part
 TRACING_ENTRY = ("torch._dynamo", "torch._inductor", "torch.export.", "torch._functorch.aot_autograd")
 
@@ -334,7 +355,8 @@ class _DeferredLoader(importlib.abc.Loader):
 
 
 class _TorchLoader(importlib.abc.Loader):
-    """Wraps torch's own loader: runs `import torch`, then imports `AFTER_TORCH`."""
+    """Wraps torch's own loader: runs `import torch`, then sets the generator's metaclass (or,
+    where that cannot be done alone, imports `AFTER_TORCH`)."""
 
     def __init__(self, loader: importlib.abc.Loader):
         self.loader = loader
@@ -344,6 +366,8 @@ class _TorchLoader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self.loader.exec_module(module)
+        if _set_generator_metaclass():
+            return
         for name in AFTER_TORCH:
             try:
                 importlib.import_module(name)

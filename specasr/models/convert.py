@@ -358,19 +358,29 @@ def _sha256(paths: tuple[Path, ...], memo: dict[str, str]) -> str:
     return memo[key]
 
 
-def content_key(files: CT2Files, root: Path) -> str:
-    """sha256 over CONVERTER_VERSION and the sha256 of model.bin (its parts joined),
-    config.json and tokenizer.json. File hashes are memoised in root/hashes.json."""
+def file_digests(groups: list[tuple[Path, ...]], root: Path) -> list[str]:
+    """The sha256 of each group of files (`_sha256`; "-" for an empty group), memoised in
+    root/hashes.json."""
     memo_path = root / "hashes.json"
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
     known = len(memo)
-    digests = [_sha256(files.model_parts, memo)]
-    digests += [_sha256((p,), memo) if p.is_file() else "-" for p in (files.config, files.tokenizer)]
+    digests = [_sha256(g, memo) if g else "-" for g in groups]
     if len(memo) != known:  # a concurrent writer may drop an entry: only recomputed
-        store(memo_path, json.dumps(memo, indent=0).encode())
+        try:
+            store(memo_path, json.dumps(memo, indent=0).encode())
+        except OSError:  # a cache that cannot be written: hashed again next time
+            pass
+    return digests
+
+
+def content_key(files: CT2Files, root: Path) -> str:
+    """sha256 over CONVERTER_VERSION and the sha256 of model.bin (its parts joined),
+    config.json and tokenizer.json. File hashes are memoised in root/hashes.json."""
+    optional = [(p,) if p.is_file() else () for p in (files.config, files.tokenizer)]
+    digests = file_digests([tuple(files.model_parts), *optional], root)
     return hashlib.sha256("\n".join([f"v{CONVERTER_VERSION}", *digests]).encode()).hexdigest()
 
 

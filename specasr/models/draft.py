@@ -46,6 +46,7 @@ from specasr.backends.cpu.fused import FusedDraft
 from specasr.backends.cpu.linear import Int8Linear, swap_linears
 from specasr.constants import COST_KEYS
 from specasr.models.mapped import gather_rows
+from specasr.models.stored_int8 import HEAD, Rows
 from specasr.runtime.forms import LayerForm, choose
 from specasr.runtime.layers import DecoderLayer, embed, fuse_qkv, no_init
 from specasr.runtime.runner import LeanRunner, LentCross
@@ -82,9 +83,10 @@ class DistilledDraft(nn.Module):
         self._script = True  # `quantize_int8(script=)`: its int8 layers as TorchScript steps
 
     # ---- binding to a target ------------------------------------------------------------
-    def attach(self, target) -> DistilledDraft:
+    def attach(self, target, head: bool = True) -> DistilledDraft:
         """Binds the target's token embeddings (= tied output projection) and positional
-        table; they are not parameters of the draft and are never saved with it."""
+        table; they are not parameters of the draft and are never saved with it. head False:
+        the head's rows are not gathered, for a `quantize_int8` given them stored."""
         cfg = target.config
         if (cfg.d_model, cfg.vocab_size) != (self.d_model, self.vocab_size):
             raise ValueError(
@@ -93,13 +95,10 @@ class DistilledDraft(nn.Module):
             )
         dec = target.model.decoder
         embed = dec.embed_tokens.weight
-        self._shared = {
-            "embed": embed,
-            "positions": dec.embed_positions.weight,
-            # [N, d]: the rows as gathered, which int8 quantisation reads per row (a transposed
-            # copy would add to every load)
-            "head": gather_rows(embed, self.vocab_ids.to(embed.device)),
-        }
+        self._shared = {"embed": embed, "positions": dec.embed_positions.weight}
+        if head:  # [N, d]: the rows as gathered, which int8 quantisation reads per row (a
+            # transposed copy would add to every load)
+            self._shared["head"] = gather_rows(embed, self.vocab_ids.to(embed.device))
         self.cross_from = [self._same_cross(layer, dec, i) for i, layer in enumerate(self.layers)]
         return self
 
@@ -232,7 +231,11 @@ class DistilledDraft(nn.Module):
         return LeanRunner(self, states, cross, form, lent=lent, mine=derived)
 
     def quantize_int8(
-        self, script: bool = True, bf16_cross: bool | None = None, fused: bool = True
+        self,
+        script: bool = True,
+        bf16_cross: bool | None = None,
+        fused: bool = True,
+        stored: dict[str, Rows] | None = None,
     ) -> DistilledDraft:
         """Inference on CPU with int8 weights (`specasr.backends.cpu.linear.Int8Linear`): lossy, which
         moves the acceptance rate but never the transcript. Attach first; no training
@@ -243,7 +246,9 @@ class DistilledDraft(nn.Module):
         attention reads in bf16 with fp32 results: lossy like the int8 products, and a
         cheaper step where bf16 is native; None: where the CPU computes bf16 natively
         (`specasr.backends.cpu.bf16.available`), where it is emulated it would be slower. fused: its
-        one-token steps run as one C call (`specasr.backends.cpu.fused`) where a compiler is found."""
+        one-token steps run as one C call (`specasr.backends.cpu.fused`) where a compiler is found.
+        stored: the rows an earlier load quantised (`int8_rows`, `specasr.models.stored_int8`),
+        read in place of quantising: the same tensors, so the same draft."""
         from specasr.backends.cpu import bf16
 
         if not self._shared:
@@ -256,19 +261,35 @@ class DistilledDraft(nn.Module):
         make = Int8Linear.kept_of if fused else Int8Linear.of
         # fbgemm packs each matrix on one core (the head is the largest): all of them at once
         with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-            head = pool.submit(Int8Linear, self._shared["head"], None, keep=fused)  # [N, d]
-            swap_linears(self.layers, make, pool)
-            self._head_int8 = head.result()
+            if stored is not None:  # the same rows, quantised by an earlier load
+                self._head_int8 = _from_rows(stored[HEAD])
+                swap_linears(self.layers, lambda name, _: _from_rows(stored[f"layers.{name}"]), named=True)
+            else:
+                head = pool.submit(Int8Linear, self._shared["head"], None, keep=fused)  # [N, d]
+                swap_linears(self.layers, make, pool)
+                self._head_int8 = head.result()
             self.fused = FusedDraft.of(self) if fused else None  # one-token steps in one C call
-            if fused and self.fused is None:  # no C step after all: fbgemm's copies only, now
-                int8s = [m for m in [self._head_int8, *self.layers.modules()] if isinstance(m, Int8Linear)]
-                list(pool.map(Int8Linear.pack, int8s))
-        del self._shared["head"]  # the fp32 copy goes
+            if self.fused is None and (fused or stored is not None):  # fbgemm's copies only, now
+                list(pool.map(Int8Linear.pack, self._int8_products().values()))
+        self._shared.pop("head", None)  # the fp32 copy goes
         self.cross_dtype = (
             torch.bfloat16 if (bf16.available() if bf16_cross is None else bf16_cross) else torch.float32
         )
         self._script = script  # int8 layers as one TorchScript function each (`form`)
         return self
+
+    def _int8_products(self) -> dict[str, Int8Linear]:
+        """After `quantize_int8`: its int8 products by name, the head as `HEAD`."""
+        named = {f"layers.{n}": m for n, m in self.layers.named_modules() if isinstance(m, Int8Linear)}
+        return {HEAD: self._head_int8, **named}
+
+    def int8_rows(self) -> dict[str, Rows]:
+        """After `quantize_int8` with the fused step: the int8 rows it quantised, by name, as
+        `quantize_int8(stored=)` reads them; {} where its products hold fbgemm's copies only."""
+        products = self._int8_products()
+        if any(m.kept is None for m in products.values()):
+            return {}
+        return {name: Rows(*m.kept[:2], m.sums, m.kept[2]) for name, m in products.items()}
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path, **meta: str) -> None:
@@ -322,8 +343,15 @@ def is_draft_file(path: Path) -> bool:
         return (f.metadata() or {}).get("format") == FORMAT
 
 
-def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.device) -> DistilledDraft:
-    """Loads a draft file and binds it to `target` (same d_model and vocabulary)."""
+def _from_rows(rows: Rows) -> Int8Linear:
+    return Int8Linear.from_rows(rows.q, rows.scale, rows.bias, rows.sums)
+
+
+def load_draft(
+    path: str | Path, target, dtype: torch.dtype, device: torch.device, head: bool = True
+) -> DistilledDraft:
+    """Loads a draft file and binds it to `target` (same d_model and vocabulary; head False:
+    `attach`'s, for int8 rows stored by an earlier load)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -353,4 +381,4 @@ def load_draft(path: str | Path, target, dtype: torch.dtype, device: torch.devic
     draft.meta = {k: v for k, v in meta.items() if k in ("target", "init_layers", "recipe", *COST_KEYS)}
     draft.cross_pool = int(meta.get("cross_pool", 1))
     draft.eval().requires_grad_(False)
-    return draft.attach(target)
+    return draft.attach(target, head=head)

@@ -31,6 +31,7 @@ from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder, int8_win
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.presets import PRESETS, Preset
+from specasr.models.stored_int8 import StoredInt8
 from specasr.models.whisper import (
     Whisper,
     load_whisper,
@@ -167,7 +168,9 @@ def _load_dir(
     device: torch.device,
     pack: bool = True,
 ) -> tuple[Whisper, Tokenizer]:
-    return load_whisper(source, dtype, device, pack), Tokenizer.from_file(tokenizer_file)
+    model = load_whisper(source, dtype, device, pack)
+    model.source = Path(source)
+    return model, Tokenizer.from_file(tokenizer_file)
 
 
 def _hub_dir(repo_id: str) -> Path:
@@ -333,11 +336,15 @@ def load_pair(
     draft_file = draft_path(draft)
     if draft_file is not None:  # a distilled draft: the target's encoder and embeddings, its own layers
         heap.trim()  # the target's load transients: the draft's own go where they were
-        d_model = load_draft(draft_file, t_model, dtype, dev)
         if draft_int8 is None:
             draft_int8 = dev.type == "cpu" and dtype == torch.float32 and int8_available()
+        entry = StoredInt8.for_draft(draft_file, t_model.source) if draft_int8 else None
+        stored = entry.read() if entry is not None else None  # its int8 rows from an earlier load
+        d_model = load_draft(draft_file, t_model, dtype, dev, head=stored is None)
         if draft_int8:
-            d_model.quantize_int8()
+            d_model.quantize_int8(stored=stored)
+            if entry is not None and stored is None and (rows := d_model.int8_rows()):
+                entry.write(rows)
     elif draft is not None and draft.startswith("self:"):
         k = draft.removeprefix("self:")
         if not k.isdigit():

@@ -244,6 +244,7 @@ class Whisper(nn.Module):
         super().__init__()
         self.config = dims
         self.generation = generation or Generation()
+        self.source: Path | None = None  # the directory its weights were read from, if any
         self.model = _Body(dims, device)
         self.proj_out = nn.Linear(dims.d_model, dims.vocab_size, bias=False, device=device)
         if tied:

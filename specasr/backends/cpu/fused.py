@@ -226,10 +226,11 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _scales_and_sums(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
-    """What the library reads beside int8 rows q [out, in]: their scales as fp32 [out] and
-    their sums as int32 [out] (for the +128 shift of unsigned inputs)."""
-    return scale.float().contiguous(), q.sum(dim=1, dtype=torch.int32).contiguous()
+def _scales_and_sums(linear: Int8Linear) -> tuple[Tensor, Tensor]:
+    """What the library reads beside a kept Int8Linear's int8 rows q [out, in]: their scales as
+    fp32 [out] and their sums as int32 [out] (`Int8Linear.sums`, for the +128 shift of unsigned
+    inputs)."""
+    return linear.kept[1].float().contiguous(), linear.sums
 
 
 class _Int8:
@@ -241,7 +242,7 @@ class _Int8:
             raise ValueError("the fused step reads a draft's Int8Linear built with keep=True")
         q, scale, bias = linear.kept
         self.w = q.contiguous()  # [out, in]
-        self.scale, self.rsum = _scales_and_sums(q, scale)  # [out] each
+        self.scale, self.rsum = _scales_and_sums(linear)  # [out] each
         self.bias = None if bias is None else bias.contiguous()  # [out] fp32
 
     def pointers(self) -> list[int]:
@@ -391,7 +392,7 @@ class Int8Rows:
         padded = torch.cat([q, q.new_zeros(pad, inputs)]) if pad else q  # [blocks·16, in]
         # [blocks, in/4, 16, 4]: four inputs of 16 outputs side by side
         self.w = padded.view(blocks, self.BLOCK, inputs // 4, 4).transpose(1, 2).contiguous()
-        scale, rsum = _scales_and_sums(q, scale)  # [out] each, then zeros for the padding rows
+        scale, rsum = _scales_and_sums(linear)  # [out] each, then zeros for the padding rows
         self.scale = torch.cat([scale, scale.new_zeros(pad)])  # [blocks·16]
         self.rsum = torch.cat([rsum, rsum.new_zeros(pad)])  # [blocks·16]
 

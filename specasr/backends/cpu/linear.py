@@ -470,22 +470,49 @@ class Int8Linear(nn.Module):
     x quantised per row, batch-independent (see the module docstring)."""
 
     def __init__(
-        self, weight: Tensor, bias: Tensor | None, per_row: bool = False, keep: bool = False
+        self,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        per_row: bool = False,
+        keep: bool = False,
+        rows: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         """keep: hold the int8 rows, their scales and the bias as `kept` (what a draft's fused
         C step reads, `specasr.backends.cpu.fused`, so they are quantised once), and build
         fbgemm's packed copy of them only when a product first needs it (`packed`): a draft
-        whose passes all run the C step never holds the same weights twice."""
+        whose passes all run the C step never holds the same weights twice. rows: (q, scale)
+        quantised before (`from_rows`), in place of `weight`."""
         super().__init__()
         levels = 63 if per_row else 127  # per row: 7-bit weights, full-range activations
         b = None if bias is None else bias.detach().float().cpu()
-        q, scale = _quantize_rows(weight, levels)
+        q, scale = _quantize_rows(weight, levels) if rows is None else rows
         self.bias = b if per_row else None  # [out]
         self.per_row = per_row
-        self.out_features = weight.shape[0]
+        self.out_features = q.shape[0]
         # q [out, in] int8, scale [out] fp64, bias [out] fp32 or None
         self.kept: tuple[Tensor, Tensor, Tensor | None] | None = (q, scale, b) if keep else None
+        self._sums: Tensor | None = None  # [out] int32, `sums`
         self._packed = None if keep else self._prepack(q, scale, b)
+
+    @classmethod
+    def from_rows(
+        cls, q: Tensor, scale: Tensor, bias: Tensor | None, sums: Tensor | None = None
+    ) -> Int8Linear:
+        """`kept_of`'s form from rows quantised before (`specasr.models.stored_int8`): q [out, in]
+        int8, scale [out] fp64, bias [out] fp32 or None, sums [out] int32 (`sums`) if known."""
+        form = cls(None, bias, keep=True, rows=(q, scale))
+        form._sums = sums
+        return form
+
+    @property
+    def sums(self) -> Tensor:
+        """The kept rows' sums, [out] int32 (what the fused C step reads for the +128 shift of
+        its unsigned inputs), computed once."""
+        if self._sums is None:
+            if self.kept is None:
+                raise ValueError("an Int8Linear that kept no int8 rows has no row sums")
+            self._sums = self.kept[0].sum(dim=1, dtype=torch.int32).contiguous()
+        return self._sums
 
     def _prepack(self, q: Tensor, scale: Tensor, bias: Tensor | None):
         return _prepack(q, scale, None if self.per_row else bias)  # per row, the bias follows the scale
@@ -550,19 +577,20 @@ class Int8Head(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def swap_linears(module: nn.Module, make, pool=None) -> nn.Module:
-    """Replaces every nn.Linear below `module` by make(linear), in place; returns module.
+def swap_linears(module: nn.Module, make, pool=None, named: bool = False) -> nn.Module:
+    """Replaces every nn.Linear below `module` by make(linear) (named: make(its path below
+    `module`, linear)), in place; returns module.
     pool (a concurrent.futures Executor) builds the forms concurrently: for forms whose
     build is one long torch call that frees the GIL and runs on one core (fbgemm's int8
     prepack), not for oneDNN's reorders, which use every core already."""
     slots = [
-        (parent, name, child)
-        for parent in module.modules()
+        (parent, name, child, f"{path}.{name}" if path else name)
+        for path, parent in module.named_modules()
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
-    linears = [child for _, _, child in slots]
-    forms = list(pool.map(make, linears)) if pool is not None else [make(x) for x in linears]
-    for (parent, name, _), form in zip(slots, forms):
+    one = (lambda slot: make(slot[3], slot[2])) if named else (lambda slot: make(slot[2]))
+    forms = list(pool.map(one, slots)) if pool is not None else [one(x) for x in slots]
+    for (parent, name, _, _), form in zip(slots, forms):
         setattr(parent, name, form)
     return module

@@ -123,3 +123,42 @@ def test_models_explain_says_which_form_runs_and_why():
         on = fused.enabled() and fused.library() is not None
         encoder = "int8 products, a scale per frame" if on else "float32 products"
         assert f"encoder: {encoder}" in out.output
+
+
+def test_no_init_scopes_overlapping_in_two_threads_leave_nn_init_its_own():
+    """A loader's pool opens `no_init` in several threads (`quantize_target`'s layers fuse q, k
+    and v under it). Scopes that overlap, the first to open leaving first, once left the second
+    thread's saved no-ops in place as nn.init's own: every module built afterwards kept
+    uninitialised weights (NaN in later products). They share one patch now."""
+    import threading
+
+    from torch import nn
+
+    from specasr.runtime.layers import no_init
+
+    own = nn.init.kaiming_uniform_
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+
+    def first():
+        with no_init():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with no_init():
+            second_in.set()
+            first_out.wait(5)
+            inside.append(nn.init.kaiming_uniform_ is not own)  # still patched for this scope
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert inside == [True]
+    assert nn.init.kaiming_uniform_ is own
+    torch.manual_seed(0)
+    assert torch.isfinite(nn.Linear(64, 96).weight).all() and nn.Linear(64, 96).weight.abs().sum() > 0

@@ -46,7 +46,7 @@ from specasr.backends.cpu.fused import FusedDraft
 from specasr.backends.cpu.linear import Int8Linear, swap_linears
 from specasr.constants import COST_KEYS
 from specasr.models.mapped import gather_rows
-from specasr.models.stored_int8 import HEAD, Rows
+from specasr.models.stored_int8 import HEAD, Forms, Rows
 from specasr.runtime.forms import LayerForm, choose
 from specasr.runtime.layers import DecoderLayer, embed, fuse_qkv, no_init
 from specasr.runtime.runner import LeanRunner, LentCross
@@ -235,7 +235,7 @@ class DistilledDraft(nn.Module):
         script: bool = True,
         bf16_cross: bool | None = None,
         fused: bool = True,
-        stored: dict[str, Rows] | None = None,
+        stored: Forms | None = None,
     ) -> DistilledDraft:
         """Inference on CPU with int8 weights (`specasr.backends.cpu.linear.Int8Linear`): lossy, which
         moves the acceptance rate but never the transcript. Attach first; no training
@@ -283,13 +283,14 @@ class DistilledDraft(nn.Module):
         named = {f"layers.{n}": m for n, m in self.layers.named_modules() if isinstance(m, Int8Linear)}
         return {HEAD: self._head_int8, **named}
 
-    def int8_rows(self) -> dict[str, Rows]:
-        """After `quantize_int8` with the fused step: the int8 rows it quantised, by name, as
-        `quantize_int8(stored=)` reads them; {} where its products hold fbgemm's copies only."""
+    def int8_rows(self) -> Forms:
+        """After `quantize_int8` with the fused step: the int8 rows it quantised (`Rows`' fields)
+        by name, as `quantize_int8(stored=)` reads them; {} where its products hold fbgemm's
+        copies only."""
         products = self._int8_products()
         if any(m.kept is None for m in products.values()):
             return {}
-        return {name: Rows(*m.kept[:2], m.sums, m.kept[2]) for name, m in products.items()}
+        return {name: Rows(*m.kept[:2], m.sums, m.kept[2]).fields() for name, m in products.items()}
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path, **meta: str) -> None:
@@ -343,7 +344,8 @@ def is_draft_file(path: Path) -> bool:
         return (f.metadata() or {}).get("format") == FORMAT
 
 
-def _from_rows(rows: Rows) -> Int8Linear:
+def _from_rows(fields: dict[str, Tensor]) -> Int8Linear:
+    rows = Rows.of(fields)
     return Int8Linear.from_rows(rows.q, rows.scale, rows.bias, rows.sums)
 
 

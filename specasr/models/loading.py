@@ -26,12 +26,13 @@ from torch import nn
 
 from specasr.backends import process
 from specasr.backends.cpu import bf16, heap
+from specasr.backends.cpu.fused import Int8Rows
 from specasr.backends.cpu.linear import int8_available
 from specasr.constants import COMPUTE_TYPES, bf16_window, int8_decoder, int8_window
 from specasr.models.convert import CT2Files, cached_conversion
 from specasr.models.draft import DistilledDraft, is_draft_file, load_draft
 from specasr.models.presets import PRESETS, Preset
-from specasr.models.stored_int8 import StoredInt8
+from specasr.models.stored_int8 import Int8State, StoredInt8
 from specasr.models.whisper import (
     Whisper,
     load_whisper,
@@ -358,12 +359,17 @@ def load_pair(
     )
     if shared and draft_file is None:  # one copy in memory; encode() runs it once for both models
         d_model.model.encoder = t_model.model.encoder
+    # the int8 target's forms an earlier load stored, where the library that reads them runs
+    int8 = int8_decoder(compute_type) or int8_window(compute_type)
+    runs = int8 and Int8Rows.runs(t_model.config.d_model)
+    state = Int8State(StoredInt8.for_target(t_model.source) if runs else None)
     if int8_decoder(compute_type):  # after the draft took what it shares (embeddings, head rows)
-        quantize_target(t_model)
+        quantize_target(t_model, state)
     if int8_window(compute_type):  # one encoder: a distilled draft reads the same states
-        quantize_window(t_model)  # before the lean view below takes the cross K/V projections
+        quantize_window(t_model, state)  # before the lean view below takes the cross K/V projections
         if d_model is not None and not shared:
             quantize_encoder(d_model.model.encoder)
+    state.save()  # what this load quantised, for the next
     if bf16_window(compute_type):  # one encoder: a distilled draft reads the same states
         bf16.bf16_encoder(t_model.model.encoder)
         bf16.bf16_cross_kv(t_model.model.decoder)  # before the lean view below takes the projections

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specasr.models import mapped
+from specasr.models.stored_int8 import HEAD, Int8State
 from specasr.runtime.layers import Attention, DecoderLayer, embed, no_init
 
 
@@ -550,32 +551,41 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     return model
 
 
-def _linear_slots(module: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, name, linear) of every matrix product below `module`, mapped or not."""
+def _linear_slots(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """(path, parent, name, linear) of every matrix product below `module`, mapped or not; the
+    path is the module's below `module`, after `prefix`."""
     from specasr.backends.cpu.linear import MappedLinear
 
     return [
-        (parent, name, child)
-        for parent in module.modules()
+        (f"{prefix}{path}.{name}" if path else f"{prefix}{name}", parent, name, child)
+        for path, parent in module.named_modules()
         for name, child in parent.named_children()
         if isinstance(child, (nn.Linear, MappedLinear))
     ]
 
 
-def _int8_rows_in_place(slots: list[tuple[nn.Module, str, nn.Module]]) -> bool:
-    """Each (parent, name, linear) of `slots` becomes the library's per-row int8 product
+def _int8_rows_in_place(
+    slots: list[tuple[str, nn.Module, str, nn.Module]], state: Int8State | None = None
+) -> bool:
+    """Each (path, parent, name, linear) of `slots` becomes the library's per-row int8 product
     (`specasr.backends.cpu.fused.Int8RowsLinear`), all of them or, where the library cannot
-    run, none (False)."""
+    run, none (False). state: forms stored by an earlier load, read by path in place of
+    quantising (and what this one quantised, to store)."""
     from specasr.backends.cpu.fused import Int8RowsLinear
 
     forms = []
-    for _, _, child in slots:
-        form = Int8RowsLinear.of(child)
+    for path, _, _, child in slots:
+        stored = state.get(path) if state is not None else None
+        form = Int8RowsLinear.from_state(stored) if stored is not None else None
+        fresh = form is None
+        form = form or Int8RowsLinear.of(child)
         if form is None:
             return False
-        forms.append(form)
-    for (parent, name, _), form in zip(slots, forms):
+        forms.append((form, fresh))
+    for (path, parent, name, _), (form, fresh) in zip(slots, forms):
         setattr(parent, name, form)
+        if state is not None and fresh:
+            state.put(path, form.state())
     return True
 
 
@@ -590,50 +600,85 @@ def quantize_encoder(encoder: nn.Module) -> bool:
     return _int8_rows_in_place(_linear_slots(encoder))
 
 
-def quantize_window(model: Whisper) -> bool:
+def quantize_window(model: Whisper, state: Int8State | None = None) -> bool:
     """An int8 target's once-per-window products in int8, in place, as `quantize_encoder` makes
     the encoder's: the encoder's and the decoder's cross-attention K/V projections (which
     `bf16_window` types run in bf16). Every step reads the window's K/V, computed once, so
     speculative passes stay row-invariant; a frame's K/V never depend on the other frames or
-    windows in a batch. All or nothing, as `quantize_encoder`."""
-    slots = _linear_slots(model.model.encoder) + [
-        (layer.encoder_attn, name, getattr(layer.encoder_attn, name))
-        for layer in model.model.decoder.layers
+    windows in a batch. All or nothing, as `quantize_encoder`. state: as `_int8_rows_in_place`'s."""
+    slots = _linear_slots(model.model.encoder, "model.encoder.") + [
+        (
+            f"model.decoder.layers.{i}.encoder_attn.{name}",
+            layer.encoder_attn,
+            name,
+            getattr(layer.encoder_attn, name),
+        )
+        for i, layer in enumerate(model.model.decoder.layers)
         for name in ("k_proj", "v_proj")
     ]
-    return _int8_rows_in_place(slots)
+    return _int8_rows_in_place(slots, state)
 
 
-def quantize_target(model: Whisper) -> Whisper:
+def quantize_target(model: Whisper, state: Int8State | None = None) -> Whisper:
     """An int8 target (`compute_type="int8"`, CPU), in place: the decoder layers' matrices
     (but cross-attention K/V) and the tied output head become per-row
     `specasr.backends.cpu.linear.Int8Linear` products, with self-attention q, k, v fused into one.
     Lossy against the fp32 model (a different model, as CTranslate2's int8 is). Every row is
     quantised on its own, so a token's step never depends on the rows beside it in a batch.
     The token embedding stays fp32 (memory-mapped) for lookups; the once-per-window products
-    (the encoder's, the cross-attention K/V projections) are `quantize_window`'s step."""
+    (the encoder's, the cross-attention K/V projections) are `quantize_window`'s step. state:
+    forms stored by an earlier load, read by name in place of quantising (and what this one
+    quantised, to store; `specasr.models.stored_int8`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from specasr.backends.cpu.fused import Int8Rows
     from specasr.backends.cpu.linear import Int8Head, Int8Linear
     from specasr.runtime.layers import fuse_qkv
 
-    def quantize(layer: DecoderLayer) -> None:  # its layer form attends row-invariantly (`runtime.forms`)
-        fuse_qkv(layer.self_attn, Int8Linear.per_row_of)
-        for box, names in (
-            (layer.self_attn, ("out_proj",)),
-            (layer.encoder_attn, ("q_proj", "out_proj")),
-            (layer, ("fc1", "fc2")),
+    def product(path: str, linear: nn.Module) -> Int8Linear:  # fbgemm's per-row product
+        stored = state.get(path) if state is not None else None
+        if stored is not None and stored["q"].shape != linear.weight.shape:
+            stored = None  # not this product's rows: quantised afresh
+        if stored is not None:
+            form = Int8Linear(
+                None, stored.get("bias"), per_row=True, keep=True, rows=(stored["q"], stored["scale"])
+            )
+        else:
+            form = Int8Linear(linear.weight, linear.bias, per_row=True, keep=True)
+        if state is not None and stored is None:
+            q, scale, bias = form.kept
+            state.put(path, {"q": q, "scale": scale} | ({} if bias is None else {"bias": bias}))
+        return form.pack()
+
+    def quantize(i: int) -> None:  # its layer form attends row-invariantly (`runtime.forms`)
+        layer = model.model.decoder.layers[i]
+        path = f"model.decoder.layers.{i}"
+        fuse_qkv(layer.self_attn, lambda fused: product(f"{path}.self_attn.qkv_proj", fused))
+        for box, where, names in (
+            (layer.self_attn, "self_attn.", ("out_proj",)),
+            (layer.encoder_attn, "encoder_attn.", ("q_proj", "out_proj")),
+            (layer, "", ("fc1", "fc2")),
         ):
             for name in names:
-                setattr(box, name, Int8Linear.per_row_of(getattr(box, name)))
+                setattr(box, name, product(f"{path}.{where}{name}", getattr(box, name)))
+
+    def head() -> Int8Head:
+        embed = model.model.decoder.embed_tokens.weight  # [V, d]
+        stored = state.get(HEAD) if state is not None else None
+        rows = Int8Rows.from_state(stored) if stored is not None else None
+        if rows is not None and (rows.out_features, rows.in_features) != tuple(embed.shape):
+            rows = None
+        form = Int8Head(embed, Int8Rows.of, rows=rows)
+        if state is not None and rows is None and form.rows is not None:
+            state.put(HEAD, form.rows.state())
+        return form
 
     # fbgemm packs a matrix on one thread: the layers' matrices pack side by side, beside the
     # head, the largest, which reads its int8 rows through the compiled library where it runs
     # (`Int8Rows`: one permutation, no fbgemm copy to pack) and is packed by fbgemm elsewhere
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        head = pool.submit(Int8Head, model.model.decoder.embed_tokens.weight, Int8Rows.of)
-        layers = pool.map(quantize, model.model.decoder.layers)
-        model.use_head_form(head.result())
+        made = pool.submit(head)
+        layers = pool.map(quantize, range(len(model.model.decoder.layers)))
+        model.use_head_form(made.result())
         list(layers)  # raises what a layer raised
     return model

@@ -11,6 +11,7 @@ values are scattered to each row's own positions and a per-row mask hides the re
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -19,21 +20,36 @@ from torch import Tensor, nn
 
 from specasr.backends.cpu.scripted import fixed_attend, fixed_self_attend, write_cache
 
+_NO_INIT_LOCK = threading.Lock()
+_no_init_depth = 0  # scopes open now, in any thread
+_init_functions: dict = {}  # nn.init's own, while any scope is open
+
 
 @contextmanager
 def no_init():
     """Module constructors skip their random initialisation (as transformers' no_init_weights
     does): on meta tensors it would cost nothing, but torch routes it through its reference
-    implementations, whose first use imports torch._dynamo (over a second)."""
+    implementations, whose first use imports torch._dynamo (over a second). nn.init is
+    process-wide: scopes open in several threads at once (a loader's pool) share one patch,
+    taken by the first and restored by the last to leave, so no scope restores another's
+    no-ops as nn.init's own."""
+    global _no_init_depth
     names = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_")
-    saved = {n: getattr(nn.init, n) for n in names}
-    for n in names:
-        setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+    with _NO_INIT_LOCK:
+        if _no_init_depth == 0:
+            _init_functions.update({n: getattr(nn.init, n) for n in names})
+            for n in names:
+                setattr(nn.init, n, lambda tensor, *args, **kwargs: tensor)
+        _no_init_depth += 1
     try:
         yield
     finally:
-        for n, f in saved.items():
-            setattr(nn.init, n, f)
+        with _NO_INIT_LOCK:
+            _no_init_depth -= 1
+            if _no_init_depth == 0:
+                for n, f in _init_functions.items():
+                    setattr(nn.init, n, f)
+                _init_functions.clear()
 
 
 def embed(tokens_table: Tensor, positions_table: Tensor, tokens: Tensor, start: int | Tensor) -> Tensor:

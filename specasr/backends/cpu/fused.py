@@ -396,6 +396,27 @@ class Int8Rows:
         self.scale = torch.cat([scale, scale.new_zeros(pad)])  # [blocks·16]
         self.rsum = torch.cat([rsum, rsum.new_zeros(pad)])  # [blocks·16]
 
+    def state(self) -> dict[str, Tensor]:
+        """Its tensors as `from_state` reads them (what `specasr.models.stored_int8` stores)."""
+        shape = torch.tensor([self.out_features, self.in_features])
+        return {"w": self.w, "scale": self.scale, "rsum": self.rsum, "shape": shape}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor]) -> Int8Rows | None:
+        """The product `state()` gave, without quantising or permuting anything; None where the
+        library cannot run, or the tensors are not of one such product."""
+        out, inputs = (int(v) for v in state["shape"])
+        blocks = -(-out // cls.BLOCK)
+        w, scale, rsum = state["w"], state["scale"], state["rsum"]
+        if not cls.runs(inputs) or w.shape != (blocks, inputs // 4, cls.BLOCK, 4) or w.dtype != torch.int8:
+            return None
+        if scale.shape != rsum.shape or scale.shape != (blocks * cls.BLOCK,):
+            return None
+        rows = cls.__new__(cls)
+        rows.lib, rows.out_features, rows.in_features = library(), out, inputs
+        rows.w, rows.scale, rows.rsum = w.contiguous(), scale.float().contiguous(), rsum.int().contiguous()
+        return rows
+
     @staticmethod
     def runs(inputs: int) -> bool:
         """Whether the library can take products of `inputs` inputs here (on, built, and a
@@ -442,6 +463,15 @@ class Int8RowsLinear(torch.nn.Module):
         if not Int8Rows.runs(linear.weight.shape[1]):
             return None
         return cls(Int8Rows.of(Int8Linear(linear.weight, None, per_row=True, keep=True)), linear.bias)
+
+    def state(self) -> dict[str, Tensor]:
+        """Its tensors as `from_state` reads them."""
+        return self.rows.state() | ({} if self.bias is None else {"bias": self.bias})
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor]) -> Int8RowsLinear | None:
+        rows = Int8Rows.from_state(state)
+        return None if rows is None else cls(rows, state.get("bias"))
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.rows(x.reshape(-1, x.shape[-1]))  # [rows, out]

@@ -558,17 +558,25 @@ class Int8Head(nn.Module):
     Int8Rows.of`, chosen by the loader): where it gives one, the head holds the int8 rows only
     and never builds fbgemm's packed copy (the same values, bitwise); else fbgemm's, packed now."""
 
-    def __init__(self, weight: Tensor, kernel: Callable[[Int8Linear], Callable | None] | None = None) -> None:
+    def __init__(
+        self,
+        weight: Tensor,
+        kernel: Callable[[Int8Linear], Callable | None] | None = None,
+        rows: Callable | None = None,
+    ) -> None:
+        """rows: the kernel's product built before (`specasr.models.stored_int8`), in place of
+        quantising `weight` for `kernel`."""
         super().__init__()
         self.weight = _held(weight)
         self.bias = None
         self.out_features = weight.shape[0]
-        self.inner = Int8Linear(weight, None, per_row=True, keep=kernel is not None)
-        self.rows = kernel(self.inner) if kernel is not None else None  # x [rows, in] -> [rows, out]
-        if self.rows is not None:
-            self.inner.kept = None  # the kernel holds the rows in its own layout: one copy
-        elif self.inner.kept is not None:
-            self.inner.pack()
+        self.inner: Int8Linear | None = None  # fbgemm's product, where no kernel's runs
+        if rows is None:
+            inner = Int8Linear(weight, None, per_row=True, keep=kernel is not None)
+            rows = kernel(inner) if kernel is not None else None  # it holds the rows in its layout
+            if rows is None:
+                self.inner = inner.pack() if inner.kept is not None else inner
+        self.rows = rows  # x [rows, in] -> [rows, out]
 
     def forward(self, x: Tensor) -> Tensor:
         if self.rows is None:

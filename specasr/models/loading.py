@@ -169,9 +169,7 @@ def _load_dir(
     device: torch.device,
     pack: bool = True,
 ) -> tuple[Whisper, Tokenizer]:
-    model = load_whisper(source, dtype, device, pack)
-    model.source = Path(source)
-    return model, Tokenizer.from_file(tokenizer_file)
+    return load_whisper(source, dtype, device, pack), Tokenizer.from_file(tokenizer_file)
 
 
 def _hub_dir(repo_id: str) -> Path:
@@ -339,13 +337,15 @@ def load_pair(
         heap.trim()  # the target's load transients: the draft's own go where they were
         if draft_int8 is None:
             draft_int8 = dev.type == "cpu" and dtype == torch.float32 and int8_available()
-        entry = StoredInt8.for_draft(draft_file, t_model.source) if draft_int8 else None
-        stored = entry.read() if entry is not None else None  # its int8 rows from an earlier load
-        d_model = load_draft(draft_file, t_model, dtype, dev, head=stored is None)
+        # its int8 rows as an earlier load stored them (all or none: one entry per draft file)
+        rows = Int8State(StoredInt8.for_draft(draft_file, t_model.source) if draft_int8 else None)
+        d_model = load_draft(draft_file, t_model, dtype, dev, head=not rows.stored)
         if draft_int8:
-            d_model.quantize_int8(stored=stored)
-            if entry is not None and stored is None and (rows := d_model.int8_rows()):
-                entry.write(rows)
+            d_model.quantize_int8(stored=rows.stored or None)
+            if not rows.stored:
+                for name, fields in d_model.int8_rows().items():
+                    rows.put(name, fields)
+            rows.save()  # what this load quantised, for the next
     elif draft is not None and draft.startswith("self:"):
         k = draft.removeprefix("self:")
         if not k.isdigit():

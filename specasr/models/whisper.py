@@ -404,6 +404,7 @@ def load_whisper(
     if not (cpu32 and side.is_file() and main.is_file()):
         tensors = tensors_from_checkpoint(d, dtype if device.type == "cpu" else None)
         model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+        model.source = d
         if cpu32 and pack:
             pack_decoder(model)
         return model
@@ -419,6 +420,7 @@ def load_whisper(
     if mapped_embed:
         tensors[EMBED] = mapped.map_tensor(main, where)  # [V, d], pages read as rows are looked up
     model = from_tensors(dims, tensors, generation, dtype=dtype, device=device)
+    model.source = d
     from specasr.backends.cpu.linear import PackedHead
 
     _map_once(model, main, cross=pack)
@@ -551,19 +553,6 @@ def pack_decoder(model: Whisper, after_layer=None) -> Whisper:
     return model
 
 
-def _linear_slots(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module, str, nn.Module]]:
-    """(path, parent, name, linear) of every matrix product below `module`, mapped or not; the
-    path is the module's below `module`, after `prefix`."""
-    from specasr.backends.cpu.linear import MappedLinear
-
-    return [
-        (f"{prefix}{path}.{name}" if path else f"{prefix}{name}", parent, name, child)
-        for path, parent in module.named_modules()
-        for name, child in parent.named_children()
-        if isinstance(child, (nn.Linear, MappedLinear))
-    ]
-
-
 def _int8_rows_in_place(
     slots: list[tuple[str, nn.Module, str, nn.Module]], state: Int8State | None = None
 ) -> bool:
@@ -597,7 +586,9 @@ def quantize_encoder(encoder: nn.Module) -> bool:
     did not, and a window's pass is faster (measured: docs/benchmarks.md). Lossy against the
     fp32 encoder, like the int8 decoder; a distilled draft reads the same states. True if it
     quantised, False where the library cannot run (the encoder stays as it was)."""
-    return _int8_rows_in_place(_linear_slots(encoder))
+    from specasr.backends.cpu.linear import MappedLinear, linear_slots
+
+    return _int8_rows_in_place(linear_slots(encoder, (nn.Linear, MappedLinear)))
 
 
 def quantize_window(model: Whisper, state: Int8State | None = None) -> bool:
@@ -606,7 +597,9 @@ def quantize_window(model: Whisper, state: Int8State | None = None) -> bool:
     `bf16_window` types run in bf16). Every step reads the window's K/V, computed once, so
     speculative passes stay row-invariant; a frame's K/V never depend on the other frames or
     windows in a batch. All or nothing, as `quantize_encoder`. state: as `_int8_rows_in_place`'s."""
-    slots = _linear_slots(model.model.encoder, "model.encoder.") + [
+    from specasr.backends.cpu.linear import MappedLinear, linear_slots
+
+    slots = linear_slots(model.model.encoder, (nn.Linear, MappedLinear), "model.encoder.") + [
         (
             f"model.decoder.layers.{i}.encoder_attn.{name}",
             layer.encoder_attn,

@@ -585,20 +585,28 @@ class Int8Head(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def linear_slots(
+    module: nn.Module, kinds: tuple[type, ...] = (nn.Linear,), prefix: str = ""
+) -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """(path, parent, name, product) of every child of a type in `kinds` below `module`; the
+    path is the product's below `module`, after `prefix`."""
+    return [
+        (f"{prefix}{path}.{name}" if path else f"{prefix}{name}", parent, name, child)
+        for path, parent in module.named_modules()
+        for name, child in parent.named_children()
+        if isinstance(child, kinds)
+    ]
+
+
 def swap_linears(module: nn.Module, make, pool=None, named: bool = False) -> nn.Module:
     """Replaces every nn.Linear below `module` by make(linear) (named: make(its path below
     `module`, linear)), in place; returns module.
     pool (a concurrent.futures Executor) builds the forms concurrently: for forms whose
     build is one long torch call that frees the GIL and runs on one core (fbgemm's int8
     prepack), not for oneDNN's reorders, which use every core already."""
-    slots = [
-        (parent, name, child, f"{path}.{name}" if path else name)
-        for path, parent in module.named_modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
-    ]
-    one = (lambda slot: make(slot[3], slot[2])) if named else (lambda slot: make(slot[2]))
+    slots = linear_slots(module)
+    one = (lambda slot: make(slot[0], slot[3])) if named else (lambda slot: make(slot[3]))
     forms = list(pool.map(one, slots)) if pool is not None else [one(x) for x in slots]
-    for (parent, name, _, _), form in zip(slots, forms):
+    for (_, parent, name, _), form in zip(slots, forms):
         setattr(parent, name, form)
     return module

@@ -26,6 +26,7 @@ from functools import partial
 from torch import Tensor
 
 from specasr.audio import AudioSource, load_audio
+from specasr.backends import process
 from specasr.backends.cpu import heap
 from specasr.constants import N_FRAMES, N_SAMPLES, SAMPLE_RATE
 from specasr.decode.loop import decode
@@ -178,9 +179,14 @@ def _in_workspace(segments: Iterator[Segment]) -> Iterator[Segment]:
     (activations, a pass's logits, cross K/V) are served from the heap and reused from window
     to window instead of mapped and faulted in afresh, and the heap is trimmed when the
     iterator is exhausted or closed (docs/benchmarks.md, "Start-up and whole process"); the
-    chunked strategy also trims between its rounds of windows (`longform.chunked`)."""
-    with heap.workspace():
-        yield from segments
+    chunked strategy also trims between its rounds of windows (`longform.chunked`). The thread
+    then hands its OpenMP team back (`process.hand_back_team`): threads that have transcribed
+    would otherwise slow every later transcription's passes on another thread."""
+    try:
+        with heap.workspace():
+            yield from segments
+    finally:
+        process.hand_back_team()
 
 
 def transcribe_clip(audio, pair, options: DecodeOptions, *, source_rate: int | None = None) -> DecodeResult:
@@ -192,4 +198,7 @@ def transcribe_clip(audio, pair, options: DecodeOptions, *, source_rate: int | N
             "(use transcribe for long-form audio)"
         )
     mel = log_mel_window(samples, n_mels=pair.n_mels, device=pair.device)  # [1, n_mels, 3000]
-    return decode(pair, mel, options)[0]
+    try:
+        return decode(pair, mel, options)[0]
+    finally:
+        process.hand_back_team()  # as `transcribe` does

@@ -204,3 +204,35 @@ def test_engine_options_are_checked():
     pair = random_tiny_pair(seed=0)
     with pytest.raises(ValueError):
         SharedEngine(pair, max_rows=0)
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "chunked"])
+def test_word_alignment_runs_on_the_engine_thread(monkeypatch, strategy):
+    """A transcription's word alignment is model work like its decodes: a `SharedEngine` runs
+    it on its own thread, the one thread whose torch work spans the cores; a `LocalEngine` runs
+    it in the caller's."""
+    from specasr.longform.words import WordTimer
+
+    seen: list[str] = []
+    add = WordTimer.add
+
+    def recording(self, *args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(WordTimer, "add", recording)
+    pair = random_tiny_pair(seed=0)
+    audio = np.random.default_rng(0).standard_normal(3 * 16000).astype(np.float32) * 0.1
+    options = replace(front_end_options(language="en", word_timestamps=True), strategy=strategy)
+    engine = SharedEngine(pair, gather_s=0.0)
+    try:
+        with engine.client():
+            segments, _ = transcribe(audio, pair, options, source_rate=16000, engine=engine)
+            shared = list(segments)
+    finally:
+        engine.close()
+    assert shared and seen and set(seen) == {"specasr-engine"}
+    seen.clear()
+    alone = list(transcribe(audio, pair, options, source_rate=16000)[0])
+    assert seen and set(seen) == {threading.current_thread().name}
+    assert [s.words for s in alone] == [s.words for s in shared]

@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def _env(**switches: str) -> dict[str, str]:
 def test_every_trick_is_listed_with_its_switch_and_on_by_default():
     assert set(process.TRICKS) == {
         "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "passive_when_busy", "defer_torch_parts",
-        "plain_calls", "unoptimized_script",
+        "plain_calls", "unoptimized_script", "one_openmp_team",
     }  # fmt: skip
     for name, trick in process.TRICKS.items():
         assert trick.env == f"SPECASR_{name.upper()}" and trick.does
@@ -376,3 +378,91 @@ def test_an_idle_read_answers_at_once_and_a_persistent_count_is_the_least_seen(m
     assert process.runnable_others(samples=3, gap=0) == 1 and opened == ["/proc/loadavg"] * 3
     opened = reading("1/90", "5/90")  # only this process: an idle machine, one read
     assert process.runnable_others(samples=3, gap=0) == 0 and len(opened) == 1
+
+
+# -- one_openmp_team ---------------------------------------------------------------------------
+
+
+def _tids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _in_thread(work):
+    """work() on a fresh thread whose torch ops run on two OpenMP threads -> what it returned."""
+    out: list = []
+
+    def run():
+        torch.get_num_threads()  # torch's per-thread set-up, before the count below
+        process._gomp().omp_set_num_threads(2)
+        out.append(work())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def _start_team() -> set[str]:
+    """The threads a parallel region started on the calling thread (its OpenMP team)."""
+    before = _tids()
+    torch.ones(1 << 22).add_(1)  # far above one thread's grain: a parallel region
+    return _tids() - before
+
+
+def test_torch_runs_on_gnu_openmp_here():
+    assert process._gomp() is not None, process.openmp_runtimes()
+
+
+def test_a_thread_hands_its_team_back_and_its_threads_end():
+    def work():
+        team = _start_team()
+        handed = process.hand_back_team()
+        return team, handed, _tids()
+
+    team, handed, after = _in_thread(work)
+    assert team and handed and not team & after
+
+
+def test_one_openmp_team_off_keeps_the_team(monkeypatch):
+    monkeypatch.setenv("SPECASR_ONE_OPENMP_TEAM", "0")
+
+    def work():
+        team = _start_team()
+        handed = process.hand_back_team()
+        left = team & _tids()
+        process._gomp().omp_pause_resource_all(process.OMP_PAUSE_HARD)  # tidy up
+        return team, handed, left
+
+    team, handed, left = _in_thread(work)
+    assert team and not handed and left == team
+
+
+def test_a_thread_that_prepares_work_runs_torch_on_itself_alone():
+    main = torch.get_num_threads()
+
+    def work():
+        assert process.one_thread_here()
+        return torch.get_num_threads(), _start_team()
+
+    count, team = _in_thread(work)
+    assert count == 1 and not team and torch.get_num_threads() == main
+
+
+def test_a_transcription_hands_its_threads_team_back(monkeypatch):
+    """However a thread came to hold a team, its transcription ends without it (a long-lived
+    worker thread of an app would otherwise keep its team, and every team would spin less)."""
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.options import front_end_options
+    from specasr.transcription import transcribe
+
+    pair = random_tiny_pair(seed=0)
+    audio = np.zeros(16000, np.float32)
+
+    def work():
+        team = _start_team()
+        list(transcribe(audio, pair, front_end_options(language="en"), source_rate=16000)[0])
+        return team, _tids()
+
+    team, after = _in_thread(work)
+    assert team and not team & after

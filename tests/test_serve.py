@@ -649,3 +649,26 @@ def test_a_new_server_removes_the_upload_dirs_of_killed_ones(random_pair, tmp_pa
         own = app.state.temp_dir
         assert own.parent == tmp_path and own.name.startswith(f"{TEMP_PREFIX}{os.getpid()}-")
     assert not own.exists()
+
+
+def test_request_threads_leave_the_cores_to_the_engine(random_pair, monkeypatch):
+    """A request's worker thread prepares the work (audio, features) on itself alone: the
+    engine thread's OpenMP team is then the process's only one (`process.one_openmp_team`),
+    and the engine keeps the process's thread count."""
+    import torch
+
+    counts: list[int] = []
+    real = serve_work.transcribe
+
+    def spy(*args, **kwargs):
+        counts.append(torch.get_num_threads())  # in the request's thread
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serve_work, "transcribe", spy)
+    engine = SharedEngine(random_pair)
+    app = create_app(random_pair, ServerSettings(), engine)
+    with serving(app) as running, client(running.url) as http:
+        assert http.post(TRANSCRIBE, files={"file": ("a.wav", _wav(1))}).status_code == 200
+    assert counts == [1]
+    assert engine.run(torch.get_num_threads) == torch.get_num_threads()
+    engine.close()

@@ -26,6 +26,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import threading
 import types
@@ -64,6 +65,13 @@ TRICKS: dict[str, Trick] = {
         "a specasr command started while other processes keep the CPUs busy makes OpenMP's idle "
         "threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning; OMP_WAIT_POLICY or "
         "GOMP_SPINCOUNT set by the user win",
+    ),
+    "one_openmp_team": Trick(
+        "SPECASR_ONE_OPENMP_TEAM",
+        "a thread that has loaded models or transcribed hands its OpenMP "
+        "team back when done (omp_pause_resource_all), and a server's request threads run their "
+        "own torch work (features) on one thread: where more threads hold teams than there are "
+        "CPUs, libgomp makes every team sleep between parallel regions instead of spinning",
     ),
     "defer_torch_parts": Trick(
         "SPECASR_DEFER_TORCH_PARTS",
@@ -280,6 +288,75 @@ def passive_when_busy(environ=os.environ) -> bool:
     if runnable_others() < 1:
         return False
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
+# -- OpenMP teams: `one_openmp_team` --------------------------------------------------------
+#
+# torch's CPU ops run their parallel regions on GNU OpenMP, which keeps a team of threads per
+# thread that has started a region, alive as long as that thread. Once the threads held by all
+# teams outnumber the CPUs, libgomp cuts every team's spinning between regions to almost
+# nothing (its "throttled" spin count), so each region wakes its threads through the kernel: a
+# decoding step, dozens of small regions, slows by half or more (measured: docs/benchmarks.md,
+# "The server"). A server's engine thread beside the main thread that loaded the models is
+# already one team too many on two CPUs. So the thread that loads hands its team back, so does
+# a transcription when it ends (starting a team again costs a thread or two), and threads that only
+# prepare work for another (a server's requests) keep their torch work on one thread, which
+# starts no team. Other runtimes (Intel's, LLVM's) throttle otherwise: left alone.
+
+# GNU's (libgomp.so.1, or auditwheel's libgomp-<hash>.so.1), Intel's and LLVM's
+OPENMP_RUNTIME_FILE = re.compile(r"lib(?:gomp|iomp5|omp)(?:-\w+)?\.so(?:\.\d+)*$")
+OMP_PAUSE_HARD = 2  # omp_pause_resource_t (OpenMP 5.0); libgomp frees the calling thread's team
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtime files this process has mapped (Linux; [] elsewhere), in load order."""
+    try:
+        with open("/proc/self/maps") as f:
+            text = f.read()
+    except OSError:
+        return []
+    paths = (line.split(maxsplit=5)[-1] for line in text.splitlines() if line.count(" ") >= 5)
+    return list(dict.fromkeys(p for p in paths if OPENMP_RUNTIME_FILE.search(os.path.basename(p))))
+
+
+@functools.cache  # once torch has loaded its runtime, it is the one this process keeps
+def _gomp() -> ctypes.CDLL | None:
+    """GNU OpenMP as torch loaded it, with the calls used here; None without torch's libgomp."""
+    if "torch" not in sys.modules:
+        return None
+    for path in openmp_runtimes():
+        if "gomp" in os.path.basename(path):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                return None
+            if hasattr(lib, "omp_pause_resource_all") and hasattr(lib, "omp_set_num_threads"):
+                lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+                return lib
+            return None
+    return None
+
+
+def hand_back_team() -> bool:
+    """The calling thread's OpenMP team goes (trick `one_openmp_team`): its threads exit, and
+    the thread's next parallel region starts a new one. True if a team could be handed back."""
+    lib = _gomp() if enabled("one_openmp_team") else None
+    return lib is not None and lib.omp_pause_resource_all(OMP_PAUSE_HARD) == 0
+
+
+def one_thread_here() -> bool:
+    """torch's ops on the calling thread run on it alone, starting no OpenMP team (trick
+    `one_openmp_team`), for a thread that prepares work another runs; other threads keep their
+    count. True if set."""
+    lib = _gomp() if enabled("one_openmp_team") else None
+    if lib is None:
+        return False
+    import torch
+
+    torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
+    lib.omp_set_num_threads(1)
     return True
 
 

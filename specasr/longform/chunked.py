@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -180,8 +181,7 @@ def chunked(
                     current = drop_repeat(current, lane.said, tok.eot, tok)
                 if words is not None and current:  # one teacher-forced pass over the window's final tokens
                     spoken = [t for s in current for t in s.tokens]
-                    with engine.exclusive():
-                        words.add(window, states[0][row : row + 1], offset, size, spoken)
+                    engine.run(partial(words.add, window, states[0][row : row + 1], offset, size, spoken))
                     current = words.attach(current)
                 lane.segments += current
                 lane.said += [t for seg in current for t in seg.tokens if t < tok.eot]

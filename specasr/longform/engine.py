@@ -13,9 +13,9 @@ other passes (language detection, word alignment).
   transcript is the one the CLI gives for the same file and options.
 
 The engine waits for work from every registered transcription (`client()`) for at most
-`gather_s` before it runs what it has; language detection runs in the engine thread too, and
-the one other model pass of a transcription, word alignment (`exclusive()`), runs in the
-caller's thread while the engine holds no batch.
+`gather_s` before it runs what it has. Language detection and a transcription's one other model
+pass, word alignment (`run()`), run in the engine thread too: it is the one thread of the
+process whose torch work runs on every core (`process.one_openmp_team`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -36,6 +36,8 @@ from specasr.decode.task import language_probs
 from specasr.options import DecodeOptions
 from specasr.results import DecodeResult
 from specasr.stats import DecodeStats, timed
+
+T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -60,8 +62,9 @@ class Engine(Protocol):
         """Each window's language probabilities (`decode.task.language_probs`) from its target
         encoder states [B, 1500, d]."""
 
-    def exclusive(self) -> contextlib.AbstractContextManager:
-        """Held around any other model pass the caller runs itself."""
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()`, any other model pass of a transcription (word alignment), run where the
+        engine runs its model work."""
 
 
 class LocalEngine:
@@ -80,8 +83,8 @@ class LocalEngine:
     def detect(self, target_states: Tensor) -> list[dict[str, float]]:
         return language_probs(self.pair, target_states)
 
-    def exclusive(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+    def run(self, work: Callable[[], T]) -> T:
+        return work()
 
 
 @dataclass
@@ -164,7 +167,12 @@ class SharedEngine:
         job.stats = stats
         return self._submit(job)
 
+    def run(self, work: Callable[[], T]) -> T:
+        return self._submit(_Job(run=work))
+
     def exclusive(self) -> contextlib.AbstractContextManager:
+        """Held, the engine thread starts no model work (it finishes the batch it runs first):
+        for a caller that must see none run, e.g. a test holding the engine busy."""
         return self._model
 
     def close(self) -> None:

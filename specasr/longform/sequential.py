@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 from torch import Tensor
@@ -120,8 +121,8 @@ def sequential(
         language = result.language if options.multilingual else None
         current = [replace(seg, id=n_segments + k, language=language) for k, seg in enumerate(current)]
         if words is not None and current:  # one teacher-forced pass over the window's final tokens
-            with engine.exclusive():
-                words.add(window, states[0], offset, size, [t for s in current for t in s.tokens])
+            spoken = [t for s in current for t in s.tokens]
+            engine.run(partial(words.add, window, states[0], offset, size, spoken))
             current = words.attach(current)
         if skipper is not None and current:  # text heard in silence: drop it, seek past the silence
             complete = ends_on_one_timestamp(result.tokens, tok.timestamp_begin)

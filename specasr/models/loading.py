@@ -382,6 +382,7 @@ def load_pair(
     if LeanDecoder.supports(t_model):  # build the CPU view now, at load, not in the first decode
         lean_decoder(t_model)
     heap.trim()  # loading freed tensors of many sizes: give the free heap back
+    process.hand_back_team()  # whichever thread transcribes next starts the process's one team
     gen = t_model.generation
     return ModelPair(
         target=t_model,

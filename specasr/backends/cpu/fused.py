@@ -30,7 +30,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor
 
 from specasr.backends.cpu.linear import Int8Linear
+from specasr.backends.process import OPENMP_RUNTIME_FILE, openmp_runtimes
 from specasr.cache import default_cache_root, store
 
 SOURCE = "draft_step.cpp"
@@ -76,20 +76,6 @@ def _warn(message: str) -> None:
     warnings.warn(f"the fused draft step is off (torch path instead): {message}", stacklevel=3)
 
 
-# GNU's (libgomp.so.1, or auditwheel's libgomp-<hash>.so.1), Intel's and LLVM's
-_RUNTIME = re.compile(r"lib(?:gomp|iomp5|omp)(?:-\w+)?\.so(?:\.\d+)*$")
-
-
-def openmp_runtimes() -> list[str]:
-    """The OpenMP runtime files this process has mapped (Linux; [] elsewhere), in load order."""
-    try:
-        text = Path("/proc/self/maps").read_text()
-    except OSError:
-        return []
-    paths = (line.split(maxsplit=5)[-1] for line in text.splitlines() if line.count(" ") >= 5)
-    return list(dict.fromkeys(p for p in paths if _RUNTIME.search(os.path.basename(p))))
-
-
 def _torch_openmp() -> Path | None:
     """The OpenMP runtime torch loaded, to link the library against by path. A plain -fopenmp
     link names the compiler's libgomp.so.1: where torch bundles its own under another name
@@ -104,7 +90,7 @@ def _torch_openmp() -> Path | None:
             return path
     if mapped:
         return mapped[0]
-    found = [p for d in dirs for p in sorted(d.glob("lib*omp*.so*")) if _RUNTIME.search(p.name)]
+    found = [p for d in dirs for p in sorted(d.glob("lib*omp*.so*")) if OPENMP_RUNTIME_FILE.search(p.name)]
     return found[0] if found else None
 
 

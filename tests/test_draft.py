@@ -215,8 +215,9 @@ def test_an_int8_draft_with_bf16_cross_kv_stays_exact_and_close(tiny, monkeypatc
 
     t = tiny.target
     draft = _pooled_draft(tiny, 2)
-    states = _states(tiny, 4)
-    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]] * 2)
+    states = _states(tiny, 4)[:1]  # one row: the K/V in bf16 (a batch's rows keep fp32, below)
+    two = states.expand(2, -1, -1).contiguous()  # alike: a draft quantises a call's rows together
+    tokens = torch.tensor([[50258, 50259, 50359, 50363, 440, 2068, 3699, 264, 13]])
     drafts = {on: copy.deepcopy(draft).attach(t).quantize_int8(bf16_cross=on) for on in (False, True)}
     with torch.inference_mode():
         target = make_runner(t, states)
@@ -225,6 +226,11 @@ def test_an_int8_draft_with_bf16_cross_kv_stays_exact_and_close(tiny, monkeypatc
             runner = d.runner(states, target.plain_cross())
             assert {x.dtype for kv in runner.cross for x in kv} == {torch.bfloat16 if on else torch.float32}
             logits[on] = runner(tokens, 9)
+        batch = drafts[True].runner(two, make_runner(t, two).plain_cross())
+        assert {x.dtype for kv in batch.cross for x in kv} == {torch.float32}  # the torch path's rows
+        batch.keep([1])  # one row left: bf16, as a runner made for that row holds them
+        assert {x.dtype for kv in batch.cross for x in kv} == {torch.bfloat16}
+        assert torch.equal(batch(tokens, 9), logits[True])
     assert not torch.equal(logits[True], logits[False])
     torch.testing.assert_close(logits[True], logits[False], rtol=0.05, atol=0.05)
     pair = replace(tiny, draft=drafts[True], shared_encoder=True)
@@ -270,19 +276,23 @@ def test_scripted_int8_step_is_bitwise_the_eager_layer(tiny, bf16_cross):
     scripted = copy.deepcopy(draft).attach(t).quantize_int8(bf16_cross=bf16_cross)
     assert eager.form.name == "eager" and scripted.form.name == "scripted-int8"
     states = _states(tiny, 7)
-    prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * 2)
+    if bf16_cross:  # bf16 K/V are one row's (the C step's bytes); a batch's rows keep fp32
+        states = states[:1]
+    B = states.shape[0]
+    prefix = torch.tensor([[50258, 50259, 50359, 50363, 440]] * B)
     runs = []
     with torch.inference_mode():
         for d in (eager, scripted):
             runner = d.runner(states)
+            runner._fused = None  # this test is the scripted layer's: no C step for one row
             held = {t.dtype for kv in runner.cross for t in kv}
             assert held == {torch.bfloat16 if bf16_cross else torch.float32}
             out = [runner(prefix, 1)]
-            out += [runner(torch.tensor([[tok], [tok + 1]]), 1) for tok in (2068, 3699, 264)]
+            out += [runner(torch.tensor([[tok], [tok + 1]][:B]), 1) for tok in (2068, 3699, 264)]
             runner.rollback(6)  # drop the last two: the next step rewrites their cache slots
-            out += [runner(torch.tensor([[13], [11]]), 1), runner(torch.tensor([[50257]] * 2), 1)]
-            out.append(runner(torch.tensor([[291, 300, 257]] * 2), 3))  # a 3-token block (masked)
-            runs.append(torch.cat(out, dim=1))  # [2, 9, V]
+            out += [runner(torch.tensor([[13], [11]][:B]), 1), runner(torch.tensor([[50257]] * B), 1)]
+            out.append(runner(torch.tensor([[291, 300, 257]] * B), 3))  # a 3-token block (masked)
+            runs.append(torch.cat(out, dim=1))  # [B, 9, V]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[1][:, 3], runs[1][:, 4])  # the steps really differ
 

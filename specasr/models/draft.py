@@ -214,17 +214,21 @@ class DistilledDraft(nn.Module):
         cross = None
         if target_cross is not None:
             cross = [None if j is None else target_cross[j] for j in self.cross_from]
-        derived = self.cross_pool > 1 or self.cross_dtype is not None
+        # one row keeps them in cross_dtype, for the C step's bytes; rows of a batch, which the
+        # torch path reads through attention whose bf16 kernel is slower than its fp32 one, in fp32
+        # (measured: docs/benchmarks.md), until one is left (`LeanRunner.keep`)
+        one_row = self.cross_dtype if states.shape[0] == 1 else None
+        derived = self.cross_pool > 1 or one_row is not None
         if derived:
-            # [B, H, S / p, dh] per layer (in cross_dtype, when set): the runner keeps them as given
+            # [B, H, S / p, dh] per layer (in cross_dtype for one row): the runner keeps them as given
             with torch.inference_mode():
                 own = [None] * len(self.layers) if cross is None else cross
                 cross = [
                     self.pool_cross(*(layer.cross_kv(states) if kv is None else kv))
                     for kv, layer in zip(own, self.layers)
                 ]
-                if self.cross_dtype is not None:
-                    cross = [(k.to(self.cross_dtype), v.to(self.cross_dtype)) for k, v in cross]
+                if one_row is not None:
+                    cross = [(k.to(one_row), v.to(one_row)) for k, v in cross]
         # read as given, a lent K/V stays the target runner's (it moves their rows on `keep`);
         # derived ones are fresh, the runner's own
         lent = isinstance(target_cross, LentCross) and not derived

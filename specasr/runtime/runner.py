@@ -420,7 +420,18 @@ class LeanRunner:
             self.cross = [(k[index], v[index]) for k, v in self.cross]
             self._cross_rows = [MOVE] * len(self.cross)  # copies now: this runner's own
         self.lengths = [self.lengths[r] for r in rows]
+        if len(rows) == 1:
+            self._one_row_cross()
         self._fused = self._bind_fused()  # its tensors moved; one row left: the C step again
+
+    def _one_row_cross(self) -> None:
+        """One row left: its own cross K/V in the dtype the decoder's one-row runners keep them
+        in (a distilled draft's `cross_dtype`, the bytes its C step reads), as a runner made for
+        that row would hold them; a lender's stay as they are."""
+        dtype = getattr(self.decoder, "cross_dtype", None)
+        if dtype is None or self.cross[0][0].dtype == dtype or any(h != MOVE for h in self._cross_rows):
+            return
+        self.cross = [(k.to(dtype), v.to(dtype)) for k, v in self.cross]
 
     @torch.inference_mode()
     def reorder(self, rows: list[int]) -> None:

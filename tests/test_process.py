@@ -413,6 +413,19 @@ def test_torch_runs_on_gnu_openmp_here():
     assert process._gomp() is not None, process.openmp_runtimes()
 
 
+def test_the_runtime_is_looked_up_once_torch_has_loaded_it():
+    """Asked before `import torch` (a CLI's start-up), nothing is found and nothing is kept."""
+    code = (
+        "from specasr.backends import process as p\n"
+        "assert p._gomp() is None and not p.hand_back_team()\n"
+        "import torch\n"
+        "assert p._gomp() is not None and p.hand_back_team()\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert out.stdout.strip() == "ok", out.stderr
+
+
 def test_a_thread_hands_its_team_back_and_its_threads_end():
     def work():
         team = _start_team()

@@ -320,22 +320,30 @@ def openmp_runtimes() -> list[str]:
     return list(dict.fromkeys(p for p in paths if OPENMP_RUNTIME_FILE.search(os.path.basename(p))))
 
 
-@functools.cache  # once torch has loaded its runtime, it is the one this process keeps
 def _gomp() -> ctypes.CDLL | None:
-    """GNU OpenMP as torch loaded it, with the calls used here; None without torch's libgomp."""
+    """GNU OpenMP as torch loaded it, with the calls used here; None before torch is imported
+    or without a GNU runtime. Looked up once torch is loaded: its runtime is the process's."""
     if "torch" not in sys.modules:
         return None
-    for path in openmp_runtimes():
-        if "gomp" in os.path.basename(path):
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                return None
-            if hasattr(lib, "omp_pause_resource_all") and hasattr(lib, "omp_set_num_threads"):
-                lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
-                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-                return lib
+    return _torch_gomp()
+
+
+@functools.cache
+def _torch_gomp() -> ctypes.CDLL | None:
+    torch_dir = os.path.dirname(os.path.realpath(sys.modules["torch"].__file__))
+    own = (torch_dir + os.sep, os.path.join(os.path.dirname(torch_dir), "torch.libs") + os.sep)
+    mapped = [p for p in openmp_runtimes() if "gomp" in os.path.basename(p)]
+    # torch's own (torch/lib, or auditwheel's torch.libs) before any other library's
+    mapped.sort(key=lambda p: not os.path.realpath(p).startswith(own))
+    for path in mapped[:1]:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
             return None
+        if hasattr(lib, "omp_pause_resource_all") and hasattr(lib, "omp_set_num_threads"):
+            lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            return lib
     return None
 
 

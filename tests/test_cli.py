@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -219,3 +221,23 @@ def test_start_up_pauses_the_collector_and_freezes_only_in_its_own_process(claim
     seen = json.loads(out)
     assert seen.pop("second") == 0
     assert {**seen, "frozen": seen["frozen"] >= 1000} == expect
+
+
+def test_a_command_imports_its_own_module_only():
+    """`specasr transcribe` starts without the app's and the server's modules; help lists every
+    command all the same."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from specasr.cli import COMMANDS, main\n"
+        "assert not any(m.split(':')[0] in sys.modules for m in COMMANDS.values())\n"
+        "assert CliRunner().invoke(main, ['transcribe', '--help']).exit_code == 0\n"
+        "loaded = sorted(n for n, m in COMMANDS.items() if m.split(':')[0] in sys.modules)\n"
+        "assert loaded == ['transcribe'], loaded\n"
+        "assert 'specasr.apps.service' not in sys.modules and 'specasr.apps.openai_api' not in sys.modules\n"
+        "listed = CliRunner().invoke(main, ['--help']).output\n"
+        "assert all(f'  {name} ' in listed for name in [*COMMANDS, 'models']), listed\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr

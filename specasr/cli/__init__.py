@@ -7,27 +7,47 @@ the group and `models`. Exit codes: 0 success, 1 some input failed (the others w
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from specasr.backends import process
-from specasr.cli.app import app as app_command
-from specasr.cli.bench import bench as bench_command
-from specasr.cli.calibrate import calibrate as calibrate_command
 from specasr.cli.common import check_compute_type, load_models, model_options
-from specasr.cli.distill import distill as distill_command
-from specasr.cli.eval import eval_ as eval_command
-from specasr.cli.serve import serve as serve_command
-from specasr.cli.transcribe import transcribe as transcribe_command
 
 # Commands that serve until stopped keep glibc's own heap policy: a server's per-request
 # temporaries stay in the heap and are reused, where the lean policy would map and fault them in
 # afresh for every request (docs/benchmarks.md, "The server")
 SERVING = ("serve", "app")
 
+# name -> "module:attribute". A command's module is imported when that command runs (or help
+# lists it): `specasr transcribe` does not import the app's and the server's modules, about 20 ms
+# of every start-up (docs/benchmarks.md, "Start-up and whole process")
+COMMANDS = {
+    "transcribe": "specasr.cli.transcribe:transcribe",
+    "eval": "specasr.cli.eval:eval_",
+    "app": "specasr.cli.app:app",
+    "distill": "specasr.cli.distill:distill",
+    "bench": "specasr.cli.bench:bench",
+    "serve": "specasr.cli.serve:serve",
+    "calibrate": "specasr.cli.calibrate:calibrate",
+}
 
-@click.group()
+
+class LazyGroup(click.Group):
+    """A click group whose `COMMANDS` are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in COMMANDS and name not in self.commands:
+            module, attribute = COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="specasr")
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -57,18 +77,6 @@ def run() -> None:
         print(code, file=sys.stderr)
         code = 1
     process.quick_exit(code)
-
-
-for _command in (
-    transcribe_command,
-    eval_command,
-    app_command,
-    distill_command,
-    bench_command,
-    serve_command,
-    calibrate_command,
-):
-    main.add_command(_command)
 
 
 @main.command()

@@ -22,9 +22,10 @@ means of p adjacent frames' cross-attention K and V, 1500 / p instead of 1500. A
 reads every K/V row it attends over, so that cuts the largest part of what it reads; it must be
 trained so (the target's own attention is never pooled, so exactness is untouched).
 
-On a CPU with native bf16 dot products an int8 draft also keeps those K/V in bf16
-(`cross_dtype`, set by `quantize_int8`): half the bytes that every step's cross-attention
-reads, the draft's only (docs/benchmarks.md has the step it saves).
+On a CPU with native bf16 dot products an int8 draft also keeps one row's K/V in bf16
+(`cross_dtype`, set by `quantize_int8`): half the bytes that every one-row step's
+cross-attention reads, the draft's only (docs/benchmarks.md has the step it saves). A batch's
+rows keep fp32, which torch's attention reads faster, until one row is left.
 
 File format: safetensors with the draft's own tensors (fp16) and metadata
 {"format": "specasr-draft", "version", "d_model", "heads", "ffn", "layers", "vocab_size",
@@ -77,7 +78,7 @@ class DistilledDraft(nn.Module):
         self._head_int8: Int8Linear | None = None
         self.cross_from: list[int | None] = [None] * layers  # set by attach()
         self.cross_pool = 1  # frames per cross-attention K/V row (`pool_cross`)
-        # the dtype its runners keep cross K/V in (`quantize_int8`); None: as computed (fp16 on CUDA)
+        # the dtype its one-row runners keep cross K/V in (`quantize_int8`); None: as computed
         self.cross_dtype: torch.dtype | None = None
         self.fused: FusedDraft | None = None  # `quantize_int8`'s C step for one-token passes
         self._script = True  # `quantize_int8(script=)`: its int8 layers as TorchScript steps

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specasr.audio import AudioError, AudioTooLong, load_audio
-from specasr.backends import process
 from specasr.constants import SAMPLE_RATE
 from specasr.longform.engine import EngineClosed
 from specasr.tokenizer import LANGUAGE_NAMES
@@ -43,9 +42,6 @@ def transcribe_upload(
     `stop` are checked between segments: past either, the transcription stops before its
     next window. ApiError: 413 for audio over `settings.max_seconds`, 400 for unreadable audio,
     504 past the deadline, 503 once the engine has closed."""
-    # the engine thread runs the model work on every core; this thread's own torch work (the
-    # features) stays on it alone, so the engine's team is the only one (`process.one_openmp_team`)
-    process.one_thread_here()
     max_seconds = settings.max_seconds
     try:
         samples = load_audio(path, max_seconds=max_seconds)  # float32 mono 16 kHz

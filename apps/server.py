@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from specasr.backends import process
 from specasr.longform.engine import SharedEngine
 
 from .openai_api import (
@@ -74,7 +75,11 @@ class Service:
         self.engine = SharedEngine(pair, max_rows=settings.max_batch) if engine is None else engine
         self.served = Served.of(pair, settings)
         self.admission = Admission(settings.max_concurrent, settings.max_queue)
-        self.workers = ThreadPoolExecutor(settings.max_concurrent, thread_name_prefix="specasr-request")
+        # a request's thread reads the audio and computes its features on itself alone: the engine
+        # thread's OpenMP team stays the process's only one (`process.one_openmp_team`)
+        self.workers = ThreadPoolExecutor(
+            settings.max_concurrent, thread_name_prefix="specasr-request", initializer=process.one_thread_here
+        )
         # removed at exit if the lifespan never ends, and by the next start after a SIGKILL
         self.temp_dir = Path(private_dir(TEMP_PREFIX))
         self.created = int(time.time())

@@ -140,8 +140,8 @@ def _deferred_run(what: str, **switches: str) -> dict:
 
 
 def test_defer_torch_parts_leaves_them_unrun_until_tracing_needs_them():
-    if process._torch_built_for_a_gpu() or not process._torch_release().startswith(process.DEFERRING_TORCH):
-        assert not _deferred_run("eager")["installed"]  # a GPU build, another release: torch's own import
+    if not process._defers_this_torch():  # a GPU build, another release: torch's own import
+        assert set(_deferred_run("eager")["parts"].values()) == {"module"}
         return
     eager = _deferred_run("eager")
     assert eager["installed"] and eager["rows"] == pytest.approx([1.0, 1.0])
@@ -161,19 +161,39 @@ def test_defer_torch_parts_off_or_after_torch_changes_nothing(monkeypatch):
     assert not any(isinstance(f, process._DeferringFinder) for f in sys.meta_path)
 
 
+_OTHER_RELEASE = """
+import sys
+from specasr.backends import process
+process._torch_release = lambda: sys.argv[1]
+installed = process.defer_torch_parts()
+import torch
+kinds = {type(sys.modules[m]).__name__ for m in process.DEFERRED_TORCH_PARTS if m in sys.modules}
+finder = any(isinstance(f, process._DeferringFinder) for f in sys.meta_path)
+print(installed, sorted(kinds), finder)
+"""
+
+
 def test_a_torch_release_it_was_not_written_for_keeps_its_own_import():
-    """Checked before anything is installed: this process has torch loaded, so the release is
-    asked of a fresh interpreter's view through the same function."""
-    code = (
-        "from specasr.backends import process; process._torch_release = lambda: '{}'; "
-        "print(process.defer_torch_parts())"
-    )
-    for release, expect in (("2.4.1", "False"), ("", "False")):
+    """The release is asked when torch's import starts (this process has torch loaded, so a
+    fresh interpreter's import is watched): another release runs every part at once, and the
+    finder leaves."""
+    for release in ("2.4.1", ""):
         out = subprocess.run(
-            [sys.executable, "-c", code.format(release)], capture_output=True, text=True, env=_env()
+            [sys.executable, "-c", _OTHER_RELEASE, release], capture_output=True, text=True, env=_env()
         )
-        assert out.stdout.strip() == expect, out.stderr[-500:]
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["True", "['module']", "False"], out.stdout
     assert process._torch_release().startswith(torch.__version__.split("+")[0])  # this process's torch
+
+
+def test_deferring_reads_no_package_metadata_until_torch_is_imported():
+    """A command that never imports torch (a `--server` client) does not pay for the lookup."""
+    code = (
+        "import sys; from specasr.backends import process; "
+        "print(process.defer_torch_parts(), 'importlib.metadata' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert out.stdout.split() == ["True", "False"], out.stderr[-1000:]
 
 
 def test_a_torch_built_for_a_gpu_is_told_by_its_libraries(monkeypatch, tmp_path):

@@ -361,14 +361,16 @@ def test_a_server_with_a_key_turns_away_a_wrong_one(served_pair, librivox):
 @pytest.mark.slow
 def test_the_client_process_imports_no_torch(server, librivox):
     """A fresh process runs the command against the server: the transcript comes back, and
-    neither torch nor the decoding code was imported."""
+    neither torch nor the decoding code nor a progress bar's module was imported."""
     probe = (
         "import sys\n"
         "from specasr.cli import main\n"
         "try:\n"
         "    main(sys.argv[1:])\n"
         "finally:\n"
-        "    heavy = ('torch', 'fastapi', 'specasr.transcription', 'specasr.models.loading')\n"
+        # and nothing a client does without: tqdm (no terminal here), torch's package metadata
+        "    heavy = ('torch', 'fastapi', 'specasr.transcription', 'specasr.models.loading',\n"
+        "             'tqdm', 'importlib.metadata')\n"
         "    print('loaded:', [m for m in heavy if m in sys.modules], file=sys.stderr)\n"
     )
     clip = str(librivox[0].path)

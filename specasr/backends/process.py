@@ -474,6 +474,10 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
             return None
         if name != "torch" and name not in DEFERRED_TORCH_PARTS:
             return None
+        if name == "torch" and not _defers_this_torch():  # its own import, and the finder leaves
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self)
+            return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -520,16 +524,21 @@ def _torch_release() -> str:
         return ""
 
 
+def _defers_this_torch() -> bool:
+    """Whether the installed torch is one whose parts are deferred: a CPU build of a release in
+    `DEFERRING_TORCH`. Asked when torch's import starts, not at install: a command that never
+    imports torch (a `--server` client) does not pay for reading the package metadata."""
+    return not _torch_built_for_a_gpu() and _torch_release().startswith(DEFERRING_TORCH)
+
+
 def defer_torch_parts() -> bool:
     """Installs the deferral of `DEFERRED_TORCH_PARTS` (trick `defer_torch_parts`) for a CLI
     process that runs and exits, before torch is imported; True if it did. Nothing once torch
-    is loaded, on a torch built for a GPU, on a torch release not in `DEFERRING_TORCH`, or when
-    already installed."""
+    is loaded or when already installed. On a torch built for a GPU or a release not in
+    `DEFERRING_TORCH` the finder, once torch's import starts, steps aside and defers nothing."""
     if not enabled("defer_torch_parts") or "torch" in sys.modules:
         return False
-    if any(isinstance(f, _DeferringFinder) for f in sys.meta_path) or _torch_built_for_a_gpu():
-        return False
-    if not _torch_release().startswith(DEFERRING_TORCH):
+    if any(isinstance(f, _DeferringFinder) for f in sys.meta_path):
         return False
     sys.meta_path.insert(0, _DeferringFinder())
     return True

@@ -45,6 +45,35 @@ def output_stems(files: list[str]) -> list[str]:
     ]
 
 
+class _NoBar:
+    """The progress bar where none is shown (stderr is not a terminal): tqdm, which would draw
+    nothing either, is not imported, a few ms of a `--server` client's start."""
+
+    n = 0
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+
+    @staticmethod
+    def write(line: str, file=None) -> None:
+        print(line, file=file or sys.stdout)
+
+
+def progress(quiet: bool, **bar):
+    """tqdm's bar (arguments `bar`) on a terminal; `_NoBar` when `quiet`."""
+    if quiet:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(**bar)
+
+
 class Transcript(Protocol):
     """One input's transcript, as the batch prints and writes it."""
 
@@ -102,15 +131,13 @@ class Batch:
         self.verbose = False  # print each segment to stderr as it comes (`--verbose`)
 
     def run(self, files: list[str]) -> None:
-        from tqdm import tqdm
-
         if self.remote is None:  # what only the loaded model can tell: exit 2, once, before any file
             dec = self.options.decode
             check_loaded(self.pair, dec.mode, dec.language, dec.task)
         stems = output_stems(files)
         self.clean_temps(stems)
         busy = []
-        with tqdm(total=len(files), desc="files", unit="file", disable=self.quiet, position=0) as bar:
+        with progress(self.quiet, total=len(files), desc="files", unit="file", position=0) as bar:
             for path, stem in zip(files, stems):
                 if not self.one(path, stem, single=self.n_inputs == 1, last_try=False):
                     busy.append((path, stem))  # another run is writing it: try again at the end
@@ -217,8 +244,6 @@ class Batch:
 
     def _decode(self, path: str) -> LocalTranscript:
         """`path` transcribed with the local pair, its progress shown in seconds of audio."""
-        from tqdm import tqdm
-
         from specasr.transcription import transcribe
 
         segments, info = transcribe(path, self.pair, self.options)
@@ -226,8 +251,8 @@ class Batch:
             said = f"detected language {info.language} (probability {info.language_probability:.2f})"
             click.echo(f"{Path(path).name}: {said}", err=True)
         done = []
-        with tqdm(
-            total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False, disable=self.quiet
+        with progress(
+            self.quiet, total=round(info.duration, 1), desc=Path(path).name, unit="s", leave=False
         ) as bar:
             for seg in segments:
                 done.append(seg)

@@ -205,7 +205,8 @@ def test_app_command_binds_to_loopback_unless_told(monkeypatch):
     monkeypatch.setattr(gradio_app, "launch", record("launch"))
     result = CliRunner().invoke(main, ["app", "--max-seconds", "30"])
     assert result.exit_code == 0, result.output
-    assert calls["load"] == (("base", "default", "exact", None, None, "float32"), {"half_weights": True})
+    load = ("base", "default", "exact", None, None, "float32")
+    assert calls["load"] == (load, {"half_weights": True, "threads": 0})
     assert calls["build"] == (("pair", AppOptions(max_seconds=30)), {})
     assert calls["launch"] == (
         ("demo", AppOptions(max_seconds=30)),
@@ -213,9 +214,11 @@ def test_app_command_binds_to_loopback_unless_told(monkeypatch):
     )
     assert os.path.basename(os.environ["GRADIO_TEMP_DIR"]).startswith("specasr-app-")  # a private temp dir
     calls.clear()
-    result = CliRunner().invoke(main, ["app", "--host", "0.0.0.0", "--port", "9000", "--share"])
+    args = ["app", "--host", "0.0.0.0", "--port", "9000", "--share", "--threads", "3"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert calls["launch"][1] == {"host": "0.0.0.0", "port": 9000, "share": True}
+    assert calls["load"] == (load, {"half_weights": True, "threads": 3})  # set by load_models
 
 
 def test_app_command_help_and_usage_errors():

@@ -22,6 +22,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+import torch
 from click.testing import CliRunner
 from conftest import with_self_draft
 from serve_helpers import assert_openai_error, client, free_port, serving, wait_for
@@ -274,6 +275,29 @@ def random_pair():
 
 def _probe(n: int) -> dict:  # a route FastAPI validates: its 422 must be OpenAI's shape too
     return {"n": n}
+
+
+def test_serve_threads_are_set_before_the_load_and_kept_by_the_engine_thread(monkeypatch, random_pair):
+    """`specasr serve --threads N`, as faster-whisper's `cpu_threads`: the engine thread, started
+    after the load, decodes on N threads too."""
+    from specasr.apps import server as server_module
+
+    monkeypatch.setattr("specasr.cli.common.pair_loader", lambda *a, **k: lambda: random_pair)
+    seen = {}
+
+    def run(app, host, port):  # instead of serving: what the engine thread runs on, then shut down
+        seen["engine"] = app.state.engine.run(torch.get_num_threads)
+        seen["main"] = torch.get_num_threads()
+        app.state.service._close()
+
+    monkeypatch.setattr(server_module, "serve", run)
+    before = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(main, ["serve", "--model", "tiny.en", "--threads", "1", "--port", "0"])
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    assert seen == {"engine": 1, "main": 1}
 
 
 @pytest.fixture(scope="module")

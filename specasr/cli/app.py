@@ -12,7 +12,7 @@ import click
 
 from specasr.apps.private_dirs import private_dir
 from specasr.apps.service import AppOptions
-from specasr.cli.common import check_compute_type, load_models, model_options
+from specasr.cli.common import check_compute_type, load_models, model_options, threads_option
 
 _APP = AppOptions()
 TEMP_PREFIX = "specasr-app-"  # + owner pid + "-": the app's private GRADIO_TEMP_DIR
@@ -48,6 +48,7 @@ def _stop_on_signals(temp_dir: str | None):
 
 @click.command("app")
 @model_options
+@threads_option
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -68,7 +69,18 @@ def _stop_on_signals(temp_dir: str | None):
     help="Requests decoded at once (the others wait in the queue).",
 )
 def app(
-    model, draft, device, dtype, compute_type, host, port, share, max_seconds, max_upload_mb, concurrency
+    model,
+    draft,
+    device,
+    dtype,
+    compute_type,
+    threads,
+    host,
+    port,
+    share,
+    max_seconds,
+    max_upload_mb,
+    concurrency,
 ):
     """Launch the Gradio app: microphone or upload, mode toggles, a live speed comparison."""
     check_compute_type(compute_type, "exact")  # the app offers the speculative modes
@@ -88,5 +100,7 @@ def app(
         sys.exit(1)
     with _stop_on_signals(temp_dir):
         # a long-lived server: the fp16-packed decoder forms' packing time pays back
-        pair = load_models(model, draft, "exact", device, dtype, compute_type, half_weights=True)
+        pair = load_models(
+            model, draft, "exact", device, dtype, compute_type, half_weights=True, threads=threads
+        )
         launch(build_app(pair, options), options, host=host, port=port, share=share)

@@ -41,11 +41,7 @@ def calibrate(model, draft, device, dtype, compute_type, threads, rows, repeats)
 
     sizes = _sizes(rows)
     check_compute_type(compute_type, "exact")
-    if threads:
-        from specasr.backends.cpu import set_threads
-
-        set_threads(threads)  # before the load: the fused draft step reads it there
-    pair = load_models(model, draft, "exact", device, dtype, compute_type)
+    pair = load_models(model, draft, "exact", device, dtype, compute_type, threads=threads)
     if pair.draft is None:
         raise click.UsageError(f"--draft {draft}: calibration measures a draft against its target; give one")
     if pair.device.type != "cpu":

@@ -260,11 +260,18 @@ def load_models(
     dtype: str | None,
     compute_type: str = "float32",
     half_weights: bool | None = None,
+    threads: int = 0,
 ):
     """The ModelPair for `--model/--draft/--device/--dtype/--compute-type`; no draft for
-    target-only decoding; half_weights: `load_pair`'s (True for long-lived processes).
+    target-only decoding; half_weights: `load_pair`'s (True for long-lived processes);
+    threads: `--threads` (0: torch's default), set before the load, where the fused draft step
+    reads it, and kept by the threads the process starts later (a server's engine thread).
     A --device that cannot be used is a usage error (exit 2); a model that cannot be loaded
     is reported on stderr and exits with status 1."""
+    if threads:
+        from specasr.backends.cpu import set_threads
+
+        set_threads(threads)
     try:
         with start_up():
             check_device(device)

@@ -15,7 +15,13 @@ import sys
 import click
 
 from specasr.apps.openai_api import ServerSettings
-from specasr.cli.common import check_compute_type, check_model_options, load_models, model_options
+from specasr.cli.common import (
+    check_compute_type,
+    check_model_options,
+    load_models,
+    model_options,
+    threads_option,
+)
 
 _SERVER = ServerSettings()
 
@@ -39,6 +45,7 @@ def check_address(host: str, port: int) -> None:
 
 @click.command("serve")
 @model_options
+@threads_option
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -101,6 +108,7 @@ def serve(
     device,
     dtype,
     compute_type,
+    threads,
     host,
     port,
     api_key,
@@ -140,7 +148,7 @@ def serve(
         )
         sys.exit(1)
     try:
-        pair = load_models(model, draft, mode, device, dtype, compute_type)
+        pair = load_models(model, draft, mode, device, dtype, compute_type, threads=threads)
     except KeyboardInterrupt:
         click.echo("interrupted while loading the models", err=True)
         sys.exit(130)

@@ -398,11 +398,7 @@ def transcribe(
         if remote is not None:
             client = _connect(*remote, formats, task, api_key)
         elif ray is None:
-            if threads:
-                from specasr.backends.cpu import set_threads
-
-                set_threads(threads)  # before the load: the fused draft step reads it then
-            pair = load_models(model, draft, mode, device, dtype, compute_type)
+            pair = load_models(model, draft, mode, device, dtype, compute_type, threads=threads)
         for item in unmatched:
             click.echo(f"error: {item}: no such file, or no audio files match", err=True)
         batch = Batch(

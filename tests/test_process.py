@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -34,7 +35,7 @@ def _env(**switches: str) -> dict[str, str]:
 def test_every_trick_is_listed_with_its_switch_and_on_by_default():
     assert set(process.TRICKS) == {
         "lean_heap", "pause_gc", "freeze_gc", "quick_exit", "passive_when_busy", "defer_torch_parts",
-        "plain_calls", "unoptimized_script", "one_openmp_team",
+        "plain_calls", "unoptimized_script", "one_openmp_team", "one_thread_decoding",
     }  # fmt: skip
     for name, trick in process.TRICKS.items():
         assert trick.env == f"SPECASR_{name.upper()}" and trick.does
@@ -499,3 +500,48 @@ def test_a_transcription_hands_its_threads_team_back(monkeypatch):
 
     team, after = _in_thread(work)
     assert team and not team & after
+
+
+# -- one_thread_decoding -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "switch", "inside"),
+    [("passive", "1", 1), ("PASSIVE", "1", 1), ("", "1", 2), ("passive", "0", 2)],
+)
+def test_the_decoding_loop_runs_on_one_thread_where_waits_are_passive(monkeypatch, policy, switch, inside):
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    monkeypatch.setenv("SPECASR_ONE_THREAD_DECODING", switch)
+
+    def work():
+        with process.decoding_threads():
+            count, team = torch.get_num_threads(), _start_team()
+        return count, team, torch.get_num_threads()
+
+    count, team, after = _in_thread(work)
+    assert count == inside and after == 2
+    assert (not team) if inside == 1 else True  # one thread starts no team
+
+
+@pytest.mark.slow  # loads base
+def test_one_thread_decoding_keeps_the_tokens(monkeypatch, base_shipped, base_ar, librivox, librivox_mels):
+    """Exact decoding with its loop on one thread (passive waits), the C draft step's products
+    too, gives target-only decoding's tokens: products split rows, never sums."""
+    from specasr.decode.loop import decode
+    from specasr.options import DecodeOptions
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    real, counts = process.decoding_threads, []
+
+    @contextlib.contextmanager
+    def watched():
+        with real():
+            counts.append(torch.get_num_threads())
+            yield
+
+    monkeypatch.setattr(process, "decoding_threads", watched)
+    clip = librivox[0]
+    exact = _in_thread(lambda: decode(base_shipped, librivox_mels[clip.id], DecodeOptions(mode="exact"))[0])
+    assert counts and set(counts) == {1}
+    assert getattr(base_shipped.draft, "fused", None) is not None  # the C step ran in the loop
+    assert exact.tokens == base_ar[clip.id].tokens

@@ -73,6 +73,12 @@ TRICKS: dict[str, Trick] = {
         "own torch work (features) on one thread: where more threads hold teams than there are "
         "CPUs, libgomp makes every team sleep between parallel regions instead of spinning",
     ),
+    "one_thread_decoding": Trick(
+        "SPECASR_ONE_THREAD_DECODING",
+        "where OpenMP's threads wait passively (a command started on a busy machine, or "
+        "OMP_WAIT_POLICY=passive), the decoding loop runs on the calling thread alone: its many "
+        "small parallel regions would each wait for a woken thread; encoder passes keep every thread",
+    ),
     "defer_torch_parts": Trick(
         "SPECASR_DEFER_TORCH_PARTS",
         "CLI processes that run and exit, on a CPU-only torch of a tested release: three parts of "
@@ -366,6 +372,33 @@ def one_thread_here() -> bool:
     torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
     lib.omp_set_num_threads(1)
     return True
+
+
+def passive_waits(environ=os.environ) -> bool:
+    """Whether OpenMP's idle threads sleep in this process: OMP_WAIT_POLICY=passive, as
+    `passive_when_busy` sets it before torch loads (the runtime reads it once, at its load)."""
+    return environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+
+
+@contextlib.contextmanager
+def decoding_threads() -> Iterator[None]:
+    """The decoding loop's threads (trick `one_thread_decoding`): inside, torch's ops on the
+    calling thread run on it alone where OpenMP's waits are passive, and its count comes back
+    after. Measured beside busy processes and quiet with passive waits, a decoding loop on one
+    thread beat two (docs/benchmarks.md, "A busy machine"); the C draft step follows the same
+    count (`fused`). Nothing changes with spinning waits, the trick off, or no GNU runtime."""
+    lib = _gomp() if enabled("one_thread_decoding") and passive_waits() else None
+    if lib is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()  # (torch's per-thread set-up first, as in one_thread_here)
+    lib.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        lib.omp_set_num_threads(before)
 
 
 # -- `import torch`: `defer_torch_parts` -------------------------------------------------

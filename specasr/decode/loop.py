@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specasr.backends import process
 from specasr.backends.cpu import heap
 from specasr.constants import N_TEXT_CTX, int8_decoder
 from specasr.decode.beam import BeamSearch, Window, best_of
@@ -206,7 +207,7 @@ def decode_states(
     if n > 1:
         target_states = target_states.repeat_interleave(n, dim=0)
         drafts = None if drafts is None else drafts.repeat_interleave(n, dim=0)
-    with timed(stats, "decoder_s", pair.device):
+    with timed(stats, "decoder_s", pair.device), process.decoding_threads():
         batch = loop.run(target_states, drafts)
     chosen = list(range(len(target_states)))
     if n > 1:

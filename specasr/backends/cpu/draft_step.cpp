@@ -25,6 +25,7 @@
  * The file also exports `int8_rows`, an int8 target's head product (`fused.Int8Rows`; see there).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,9 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
     const Model *m = (const Model *)model;
     const State *st = (const State *)state;
     int d = m->d, H = m->heads, dh = d / H, F = m->ffn, ctx = m->ctx;
+    /* the model's threads, or fewer where the calling thread's OpenMP count is lower (a decoding
+     * loop kept to one thread: `specasr.backends.process.decoding_threads`) */
+    int threads = omp_get_max_threads() < m->threads ? omp_get_max_threads() : m->threads;
     if (pos < 0 || pos >= ctx) return 1;
     if (token < 0 || token >= m->vocab) return 3;
     int big = F > 3 * d ? F : 3 * d;
@@ -357,7 +361,7 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
         const Layer *L = &m->layer[l];
         /* self-attention: q, k, v = qkv(ln1(x)); write k, v at pos; attend over 0 … pos */
         layer_norm(x, L->ln1w, L->ln1b, m->eps, d, h);
-        linear(&L->qkv, h, y, xq, xu, m->threads);
+        linear(&L->qkv, h, y, xq, xu, threads);
         for (int hd = 0; hd < H; hd++) {
             float *K = st->K[l] + ((size_t)hd * ctx + pos) * dh, *V = st->V[l] + ((size_t)hd * ctx + pos) * dh;
             memcpy(K, y + d + hd * dh, sizeof(float) * dh);
@@ -367,30 +371,30 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
         for (int hd = 0; hd < H; hd++)
             attend(y + hd * dh, st->K[l] + (size_t)hd * ctx * dh, st->V[l] + (size_t)hd * ctx * dh, pos + 1, dh, 0,
                    p, a + hd * dh);
-        linear(&L->out, a, h, xq, xu, m->threads);
+        linear(&L->out, a, h, xq, xu, threads);
         for (int i = 0; i < d; i++) x[i] += h[i];
         /* cross-attention over the S pooled frames */
         layer_norm(x, L->ln2w, L->ln2b, m->eps, d, h);
-        linear(&L->cq, h, y, xq, xu, m->threads);
+        linear(&L->cq, h, y, xq, xu, threads);
         for (int i = 0; i < d; i++) y[i] *= scale;
         size_t es = st->bf16 ? 2 : 4;
-#pragma omp parallel for schedule(static) num_threads(m->threads)
+#pragma omp parallel for schedule(static) num_threads(threads)
         for (int hd = 0; hd < H; hd++)  /* head hd's scores in p[hd·S …] */
             attend(y + hd * dh, (const char *)st->ck[l] + (size_t)hd * st->S * dh * es,
                    (const char *)st->cv[l] + (size_t)hd * st->S * dh * es, st->S, dh, st->bf16,
                    p + (size_t)hd * st->S, a + hd * dh);
-        linear(&L->co, a, h, xq, xu, m->threads);
+        linear(&L->co, a, h, xq, xu, threads);
         for (int i = 0; i < d; i++) x[i] += h[i];
         /* MLP */
         layer_norm(x, L->ln3w, L->ln3b, m->eps, d, h);
-        linear(&L->fc1, h, z, xq, xu, m->threads);
+        linear(&L->fc1, h, z, xq, xu, threads);
         for (int i = 0; i < F; i++) z[i] = gelu(z[i]);
-        linear(&L->fc2, z, h, xq, xu, m->threads);
+        linear(&L->fc2, z, h, xq, xu, threads);
         for (int i = 0; i < d; i++) x[i] += h[i];
     }
     if (logits) {  /* NULL: a token whose keys and values alone are wanted (not the last fed) */
         layer_norm(x, m->lnw, m->lnb, m->eps, d, h);
-        linear(&m->head, h, logits, xq, xu, m->threads);
+        linear(&m->head, h, logits, xq, xu, threads);
     }
     free(buf), free(xq), free(xu);
     return 0;

@@ -514,12 +514,14 @@ def test_the_decoding_loop_runs_on_one_thread_where_waits_are_passive(monkeypatc
     monkeypatch.setenv("SPECASR_ONE_THREAD_DECODING", switch)
 
     def work():
-        with process.decoding_threads():
+        with process.decoding_threads(1):
             count, team = torch.get_num_threads(), _start_team()
-        return count, team, torch.get_num_threads()
+        with process.decoding_threads(2):  # a batch keeps its threads
+            batch = torch.get_num_threads()
+        return count, team, batch, torch.get_num_threads()
 
-    count, team, after = _in_thread(work)
-    assert count == inside and after == 2
+    count, team, batch, after = _in_thread(work)
+    assert count == inside and batch == 2 and after == 2
     assert (not team) if inside == 1 else True  # one thread starts no team
 
 
@@ -534,8 +536,8 @@ def test_one_thread_decoding_keeps_the_tokens(monkeypatch, base_shipped, base_ar
     real, counts = process.decoding_threads, []
 
     @contextlib.contextmanager
-    def watched():
-        with real():
+    def watched(rows):
+        with real(rows):
             counts.append(torch.get_num_threads())
             yield
 

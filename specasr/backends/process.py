@@ -76,8 +76,9 @@ TRICKS: dict[str, Trick] = {
     "one_thread_decoding": Trick(
         "SPECASR_ONE_THREAD_DECODING",
         "where OpenMP's threads wait passively (a command started on a busy machine, or "
-        "OMP_WAIT_POLICY=passive), the decoding loop runs on the calling thread alone: its many "
-        "small parallel regions would each wait for a woken thread; encoder passes keep every thread",
+        "OMP_WAIT_POLICY=passive), a one-row decoding loop runs on the calling thread alone: its "
+        "many small parallel regions would each wait for a woken thread; batches and encoder "
+        "passes keep every thread",
     ),
     "defer_torch_parts": Trick(
         "SPECASR_DEFER_TORCH_PARTS",
@@ -381,13 +382,15 @@ def passive_waits(environ=os.environ) -> bool:
 
 
 @contextlib.contextmanager
-def decoding_threads() -> Iterator[None]:
-    """The decoding loop's threads (trick `one_thread_decoding`): inside, torch's ops on the
-    calling thread run on it alone where OpenMP's waits are passive, and its count comes back
-    after. Measured beside busy processes and quiet with passive waits, a decoding loop on one
-    thread beat two (docs/benchmarks.md, "A busy machine"); the C draft step follows the same
-    count (`fused`). Nothing changes with spinning waits, the trick off, or no GNU runtime."""
-    lib = _gomp() if enabled("one_thread_decoding") and passive_waits() else None
+def decoding_threads(rows: int) -> Iterator[None]:
+    """A decoding loop's threads (trick `one_thread_decoding`): inside, torch's ops on the
+    calling thread run on it alone when the loop decodes one row and OpenMP's waits are passive,
+    and its count comes back after. Measured with passive waits, beside busy processes and
+    quiet, a one-row loop ran faster on one thread than on two, and a batch of 8 rows slower
+    (docs/performance.md, "A busy machine"); the C draft step follows the same count (`fused`).
+    Nothing changes for batches, with spinning waits, the trick off, or no GNU runtime."""
+    wanted = rows == 1 and enabled("one_thread_decoding") and passive_waits()
+    lib = _gomp() if wanted else None
     if lib is None:
         yield
         return

@@ -207,7 +207,7 @@ def decode_states(
     if n > 1:
         target_states = target_states.repeat_interleave(n, dim=0)
         drafts = None if drafts is None else drafts.repeat_interleave(n, dim=0)
-    with timed(stats, "decoder_s", pair.device), process.decoding_threads():
+    with timed(stats, "decoder_s", pair.device), process.decoding_threads(len(target_states)):
         batch = loop.run(target_states, drafts)
     chosen = list(range(len(target_states)))
     if n > 1:

@@ -36,7 +36,8 @@ level and its slowdown, that median ÷ the row's own median with no busy process
 row runs also with OpenMP's threads spinning whatever the load (`SPECASR_PASSIVE_WHEN_BUSY=0`).
 
 `--without defer_torch_parts` (any trick of `specasr.backends.process`, comma-separated): each
-specasr row also runs with that trick switched off, in the same interleaved rounds.
+specasr row also runs with that trick switched off, in the same interleaved rounds (with `--busy`
+too, at every level).
 """
 
 from __future__ import annotations
@@ -267,6 +268,12 @@ def spinning(rows: list[Row]) -> list[Row]:
     return without(rows, "passive_when_busy", "spinning")
 
 
+def busy_rows(rows: list[Row], off: list[str]) -> list[Row]:
+    """A busy machine's rows: `rows`, their specasr ones again with each trick of `off` switched
+    off, and with OpenMP's threads spinning (`spinning`)."""
+    return [*rows, *(r for trick in off for r in without(rows, trick)), *spinning(rows)]
+
+
 def busy_table(walls: dict[str, dict[int, list[float]]]) -> str:
     """Per row: the median wall at each busy level and its slowdown against the quiet level."""
     levels = sorted(next(iter(walls.values())))
@@ -393,7 +400,7 @@ def main(
             rows = chosen(rows_for(clip, fw_dir, threads, with_batched, bf16=bf16.available()), only)
             if not rows:
                 raise click.BadParameter(f"{only!r} names none of the rows", param_hint="--only")
-            rows += spinning(rows)
+            rows = busy_rows(rows, off)
             walls = measure_busy(rows, repeats, levels)
             click.echo(f"{repeats} rounds, interleaved, fresh processes; {os.cpu_count()} cores\n")
             click.echo(f"### {title}, beside busy processes\n\n{busy_table(walls)}\n")

@@ -17,7 +17,9 @@ def test_the_documented_command_parses():
     assert check_command("python -m benchmarks.busy_bound --repeats 3 --products 240") is None
 
 
-@pytest.mark.parametrize(("serial", "expect"), [(0.0, (0, 20)), (0.3, (6, 14)), (0.6, (12, 8)), (1.0, (20, 0))])
+@pytest.mark.parametrize(
+    ("serial", "expect"), [(0.0, (0, 20)), (0.3, (6, 14)), (0.6, (12, 8)), (1.0, (20, 0))]
+)
 def test_rounds_split_each_round_by_the_serial_share(serial, expect):
     plan = rounds(240, serial)
     assert plan == [expect] * (240 // ROUND) and sum(s + p for s, p in plan) == 240
@@ -32,7 +34,17 @@ def test_every_way_has_its_one_thread_reference_first():
 @pytest.mark.parametrize("kind", ["balanced", "split"])
 def test_a_child_reports_the_seconds_of_its_work(kind):
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.busy_bound", "--child", kind, "--serial", "0.5", "--products", "20"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.busy_bound",
+            "--child",
+            kind,
+            "--serial",
+            "0.5",
+            "--products",
+            "20",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

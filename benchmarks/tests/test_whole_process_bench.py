@@ -17,6 +17,7 @@ from benchmarks.whole_process import (
     FW_SCRIPT,
     Row,
     beside_busy,
+    busy_rows,
     busy_table,
     chosen,
     ct2_dir,
@@ -143,3 +144,14 @@ def test_loops_play_the_recording_again_a_second_apart():
     assert twice.shape == (3 * 5 + 2 * 16000,) and twice.dtype == np.float32
     assert np.array_equal(twice[:5], x) and np.array_equal(twice[-5:], x)
     assert np.array_equal(twice[5 + 16000 : 10 + 16000], x) and not twice[5 : 5 + 16000].any()
+
+
+def test_busy_rows_add_the_tricks_off_and_spinning_for_specasr_rows_only():
+    rows = [Row("specasr transcribe --mode exact", ["x"]), Row("faster-whisper int8", ["y"])]
+    names = [r.name for r in busy_rows(rows, ["one_thread_decoding"])]
+    assert names == [
+        "specasr transcribe --mode exact",
+        "faster-whisper int8",
+        "specasr transcribe --mode exact (one_thread_decoding off)",
+        "specasr transcribe --mode exact (spinning)",
+    ]

@@ -56,7 +56,7 @@ def fake(monkeypatch):
         loads: list = []
         transcribe = staticmethod(_fake_transcribe)
 
-    def load_models(*args):
+    def load_models(*args, **kwargs):
         Fake.loads.append(args)
         return _Pair()
 
@@ -152,7 +152,7 @@ def test_concurrent_run_output_is_never_overwritten(fake, tmp_path, monkeypatch)
     a, b = _audio(tmp_path / "A" / "x.wav"), _audio(tmp_path / "B" / "x.wav")
     out = tmp_path / "out"
 
-    def other_run_writes(*args):
+    def other_run_writes(*args, **kwargs):
         segments, info = _fake_transcribe(a, None, TranscribeOptions())
         writers.write(list(segments), info, "x", out, ["txt"], source=writers.source_record(a))
         return _Pair()
@@ -168,7 +168,7 @@ def test_concurrent_run_of_the_same_file_is_not_redone(fake, tmp_path, monkeypat
     a = _audio(tmp_path / "A" / "x.wav")
     out = tmp_path / "out"
 
-    def other_run_writes(*args):
+    def other_run_writes(*args, **kwargs):
         segments, info = _fake_transcribe(a, None, TranscribeOptions())
         writers.write(list(segments), info, "x", out, ["txt"], source=writers.source_record(a))
         return _Pair()
@@ -204,7 +204,7 @@ def slow(path, pair, options):
     time.sleep(2.0)
     return h._fake_transcribe(path, pair, options)
 
-cli.load_models = lambda *a: h._Pair()
+cli.load_models = lambda *a, **k: h._Pair()
 specasr.transcription.transcribe = slow
 Path({ready!r}).touch()
 while not Path({go!r}).exists():

@@ -70,7 +70,7 @@ def test_the_transcribe_command_builds_a_consistent_schedule(monkeypatch, libriv
         def summary(self):
             return ""
 
-    monkeypatch.setattr(module, "load_models", lambda *args: "pair")
+    monkeypatch.setattr(module, "load_models", lambda *args, **kwargs: "pair")
     monkeypatch.setattr(module, "Batch", Batch)
     for t in ("0", "0.4", "1.0"):
         args = ["transcribe", str(librivox[0].path), "--temperature", t, "--seed", "3"]

@@ -341,7 +341,7 @@ int draft_step(const void *model, const void *state, int token, int pos, float *
     int d = m->d, H = m->heads, dh = d / H, F = m->ffn, ctx = m->ctx;
     /* the model's threads, or fewer where the calling thread's OpenMP count is lower (a decoding
      * loop kept to one thread: `specasr.backends.process.decoding_threads`) */
-    int threads = omp_get_max_threads() < m->threads ? omp_get_max_threads() : m->threads;
+    int cap = omp_get_max_threads(), threads = cap < m->threads ? cap : m->threads;
     if (pos < 0 || pos >= ctx) return 1;
     if (token < 0 || token >= m->vocab) return 3;
     int big = F > 3 * d ? F : 3 * d;

@@ -162,3 +162,37 @@ def test_no_init_scopes_overlapping_in_two_threads_leave_nn_init_its_own():
     assert nn.init.kaiming_uniform_ is own
     torch.manual_seed(0)
     assert torch.isfinite(nn.Linear(64, 96).weight).all() and nn.Linear(64, 96).weight.abs().sum() > 0
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_a_batch_of_windows_projects_its_cross_kv_row_by_row_with_each_rows_own_bits(compute_type):
+    """`DecoderLayer.cross_kv` over B windows runs each projection on one window's [1, S, d]
+    (a [B·S, d] product ran slower a row: out of cache) and gives each window the K, V (and
+    Kᵀ) it gets alone, bitwise."""
+    import copy
+
+    from tiny_pairs import random_tiny_pair
+
+    from specasr.models.whisper import quantize_window
+
+    model = copy.deepcopy(random_tiny_pair(seed=5).target)
+    if compute_type == "int8":
+        if not int8_available():
+            pytest.skip("this torch build has no fbgemm int8 linear")
+        assert quantize_window(model)
+    layer = model.model.decoder.layers[0]
+    seen = []
+    for proj in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj):
+        proj.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    states = torch.randn(3, 1500, model.config.d_model, generator=torch.Generator().manual_seed(2))
+    states[1] *= 40.0  # a loud window beside quiet ones
+    with torch.inference_mode():
+        for kt in (False, True):
+            seen.clear()
+            k, v = layer.cross_kv(states, kt)
+            linear_kt = kt and type(layer.encoder_attn.k_proj) is torch.nn.Linear  # Kᵀ = W · statesᵀ
+            assert seen == [1] * (3 if linear_kt else 6)  # one window per product (V, then K)
+            assert k.shape[0] == v.shape[0] == 3 and k.is_contiguous() and v.is_contiguous()
+            for b in range(3):
+                ka, va = layer.cross_kv(states[b : b + 1], kt)
+                assert torch.equal(k[b : b + 1], ka) and torch.equal(v[b : b + 1], va)

@@ -114,7 +114,13 @@ class DecoderLayer(nn.Module):
     def cross_kv(self, states: Tensor, kt: bool = False) -> tuple[Tensor, Tensor]:
         """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
         step, and a strided K/V would be copied by every call. kt: Kᵀ [B, H, dh, S] instead,
-        what a cached pass of a layer with `fixed_rows` reads (`specasr.runtime.runner.LeanRunner`)."""
+        what a cached pass of a layer with `fixed_rows` reads (`specasr.runtime.runner.LeanRunner`).
+        A batch is projected row by row: a row's [S, d] products and layout copies stay in
+        cache, where a batch's [B·S, d] ones ran 1.5× slower a row (docs/benchmarks.md), and
+        each row's K/V are then bitwise those it gets alone."""
+        if states.shape[0] > 1:
+            rows = [self.cross_kv(states[b : b + 1], kt) for b in range(states.shape[0])]
+            return torch.cat([k for k, _ in rows]), torch.cat([v for _, v in rows])
         a = self.encoder_attn
         v = self._split(a.v_proj(states)).contiguous()
         if kt and type(a.k_proj) is nn.Linear:  # Kᵀ = W · statesᵀ: one product, no transposing copy
@@ -122,8 +128,10 @@ class DecoderLayer(nn.Module):
             if a.k_proj.bias is not None:  # Whisper's K has none; a loaded module might
                 k.add_(a.k_proj.bias[:, None])
             return k.view(k.shape[0], self.heads, self.dh, k.shape[2]), v
-        k = self._split(a.k_proj(states))
-        return (k.transpose(2, 3) if kt else k).contiguous(), v
+        k = a.k_proj(states)  # [1, S, d]
+        if kt:  # Kᵀ [1, H, dh, S] is [S, d] transposed: torch blocks a 2-D transpose (a 4-D one copied 3× slower)
+            return k[0].t().contiguous().view(1, self.heads, self.dh, k.shape[1]), v
+        return self._split(k).contiguous(), v
 
     def write_kv(self, x: Tensor, K: Tensor, V: Tensor, start: int) -> None:
         """Only the self-attention keys and values of x [B, T, d] (rows alike, at positions

@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
                 k.add_(a.k_proj.bias[:, None])
             return k.view(k.shape[0], self.heads, self.dh, k.shape[2]), v
         k = a.k_proj(states)  # [1, S, d]
-        if kt:  # Kᵀ [1, H, dh, S] is [S, d] transposed: torch blocks a 2-D transpose (a 4-D one copied 3× slower)
+        if kt:  # Kᵀ [1, H, dh, S] is [S, d] transposed: a 2-D transpose (a 4-D one copied 3× slower)
             return k[0].t().contiguous().view(1, self.heads, self.dh, k.shape[1]), v
         return self._split(k).contiguous(), v
 

@@ -14,7 +14,7 @@ from tiny_pairs import random_tiny_pair
 from torch import nn
 
 from specasr.backends.cpu import bf16
-from specasr.backends.cpu.bf16 import Bf16Linear, Bf16Norm, bf16_cross_kv, bf16_encoder
+from specasr.backends.cpu.bf16 import Bf16Attention, Bf16Linear, Bf16Norm, bf16_cross_kv, bf16_encoder
 from specasr.backends.cpu.linear import int8_available
 from specasr.models.loading import resolve_compute_type
 
@@ -63,6 +63,75 @@ def test_a_bf16_encoder_keeps_an_fp32_stream_and_stays_close_to_fp32():
     assert seen == [torch.float32] * len(fast.layers) and got.dtype == torch.float32
     assert 0 < _rel(got, want) < 3e-2
     assert torch.equal(again, got)
+
+
+def _attention_or_skip(heads: int) -> Bf16Attention:
+    attention = Bf16Attention.of(heads, 64 * heads)
+    if attention is None:  # a CPU without AVX512_BF16, or no C++ compiler: the layers keep torch's
+        pytest.skip("the compiled library has no AVX512_BF16 attention on this machine")
+    return attention
+
+
+def _sdpa(q, k, v, heads: int) -> torch.Tensor:
+    """torch's fp32 attention over [B, S, d] (q scaled), the heads merged."""
+    split = lambda t: t.float().view(*t.shape[:2], heads, -1).transpose(1, 2)  # noqa: E731
+    y = torch.nn.functional.scaled_dot_product_attention(split(q), split(k), split(v), scale=1.0)
+    return y.transpose(1, 2).reshape(q.shape)
+
+
+@pytest.mark.parametrize(("windows", "frames", "heads"), [(2, 1500, 8), (1, 37, 6), (1, 1500, 20)])
+def test_the_library_attention_is_a_bf16_attention_and_each_windows_own(windows, frames, heads):
+    """`Bf16Attention` (attend_bf16 in draft_step.cpp): within bf16's rounding of torch's fp32
+    attention (as close as torch's own bf16 attention), any frame count (37: not a multiple of
+    its 16-key vectors), Whisper's head counts; a window's output is bitwise the one it gets
+    alone, and on one thread."""
+    attention = _attention_or_skip(heads)
+    g = torch.Generator().manual_seed(frames + heads)
+    q, k, v = (torch.randn(windows, frames, 64 * heads, generator=g) for _ in range(3))
+    q *= 3 * 64**-0.5  # scaled, and sharper than unit scores
+    q[0, 1] *= 40.0  # one query attending to one key alone: exp underflows everywhere else
+    qb, kb, vb = (t.bfloat16() for t in (q, k, v))
+    with torch.inference_mode():
+        got = attention(qb, kb, vb)
+        want, rounded = _sdpa(q, k, v, heads), _sdpa(qb, kb, vb, heads)
+        assert got.dtype == torch.float32 and got.shape == q.shape and torch.isfinite(got).all()
+        assert _rel(got, want) < 1.5 * _rel(rounded, want) + 1e-4 and _rel(got, want) < 1e-2
+        alone = attention(qb[-1:], kb[-1:], vb[-1:])
+        assert torch.equal(alone, got[-1:])
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = attention(qb, kb, vb)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(one, got)
+
+
+def test_a_bf16_encoder_attends_through_the_library_where_it_runs(monkeypatch):
+    """`bf16_encoder` gives layers of 64-wide heads the library's attention and bf16 q, k, v,
+    close to the fp32 encoder; with the library off (`SPECASR_FUSED_DRAFT=0`) they keep torch's
+    attention over fp32 q, k, v."""
+    from specasr.models.whisper import SelfAttention, WhisperDims, WhisperEncoder
+
+    _attention_or_skip(2)
+    dims = WhisperDims(100, 80, 128, 2, 1, 2, 2, 256, 256)
+    torch.manual_seed(7)
+    encoder = WhisperEncoder(dims).eval().requires_grad_(False)
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        want = encoder(mel)
+        fast = bf16_encoder(copy.deepcopy(encoder))
+        got = fast(mel)
+        monkeypatch.setenv("SPECASR_FUSED_DRAFT", "0")
+        plain = bf16_encoder(copy.deepcopy(encoder))
+        slow = plain(mel)
+    layer, other = fast.layers[0], plain.layers[0]
+    assert isinstance(layer.attend, Bf16Attention) and layer.self_attn.q_proj.out == torch.bfloat16
+    assert type(other.attend) is SelfAttention and other.self_attn.q_proj.out == torch.float32
+    assert 0 < _rel(got, want) < 3e-2 and 0 < _rel(slow, want) < 3e-2
+    from specasr.models.loading import encoder_form  # what `specasr models --explain` says
+
+    assert "bf16 attention" in encoder_form(fast) and "fp32 attention" in encoder_form(plain)
 
 
 def test_bf16_cross_kv_projections_give_fp32_k_v_close_to_fp32():

@@ -75,15 +75,17 @@ def offline_files(preset: str) -> CT2Files:
 
 def encoder_form(encoder: nn.Module) -> str:
     """What an encoder's products run as, for `ModelPair.explain`: int8 under `int8` where the
-    compiled library runs (else fp32, which a user on such a machine should know), bf16, or
-    the weights' own dtype."""
+    compiled library runs (else fp32, which a user on such a machine should know), bf16 (with
+    the library's bf16 attention where it runs, else torch's fp32 one), or the weights' own dtype."""
     from specasr.backends.cpu.fused import Int8RowsLinear
 
     kinds = {type(m) for m in encoder.modules()}
     if Int8RowsLinear in kinds:
         return "int8 products, a scale per frame (backends.cpu.fused.Int8RowsLinear)"
     if bf16.Bf16Linear in kinds:
-        return "bf16 products (backends.cpu.bf16)"
+        if bf16.Bf16Attention in kinds:
+            return "bf16 products and bf16 attention, one C call a layer (backends.cpu.bf16)"
+        return "bf16 products, fp32 attention (backends.cpu.bf16; no compiled bf16 attention here)"
     return f"{str(encoder.conv1.weight.dtype).removeprefix('torch.')} products"
 
 

@@ -90,29 +90,44 @@ def _in_place() -> bool:
     return not torch.is_grad_enabled()
 
 
+class SelfAttention(nn.Module):
+    """An encoder layer's attention over its frames: q, k, v [B, S, d] (q scaled) -> [B, S, d],
+    the heads merged; torch's fused attention in the inputs' dtype. A bf16 encoder's layers
+    take the compiled library's instead where it runs (`specasr.backends.cpu.bf16.Bf16Attention`)."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, S, d] -> [B, H, S, dh]
+        return x.view(x.shape[0], x.shape[1], self.heads, x.shape[2] // self.heads).transpose(1, 2)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        y = F.scaled_dot_product_attention(self._split(q), self._split(k), self._split(v), scale=1.0)
+        return y.transpose(1, 2).reshape(q.shape)
+
+
 class EncoderLayer(nn.Module):
     """Pre-norm self-attention and GELU feed-forward (names as transformers' WhisperEncoderLayer)."""
 
     def __init__(self, d: int, heads: int, ffn: int, device=None) -> None:
         super().__init__()
         self.heads, self.dh = heads, d // heads
+        self.attend = SelfAttention(heads)  # no weights: the state dict is transformers'
         self.self_attn = Attention(d, device)
         self.self_attn_layer_norm = nn.LayerNorm(d, device=device)
         self.final_layer_norm = nn.LayerNorm(d, device=device)
         self.fc1, self.fc2 = nn.Linear(d, ffn, device=device), nn.Linear(ffn, d, device=device)
-
-    def _split(self, x: Tensor) -> Tensor:  # [B, T, d] -> [B, H, T, dh]
-        return x.view(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
 
     def forward(self, x: Tensor) -> Tensor:
         """x [B, S, d] -> [B, S, d]. Without autograd, the products' fresh outputs are scaled,
         activated and summed in place (`_in_place`): bitwise the same."""
         a, fresh = self.self_attn, _in_place()
         h = self.self_attn_layer_norm(x)
-        q = a.q_proj(h)  # scaled before the product, as Whisper does
-        q = self._split(q.mul_(self.dh**-0.5) if fresh else q * self.dh**-0.5)
-        y = F.scaled_dot_product_attention(q, self._split(a.k_proj(h)), self._split(a.v_proj(h)), scale=1.0)
-        x = x + a.out_proj(y.transpose(1, 2).reshape(x.shape))  # a new x: the caller's stays
+        q = a.q_proj(h)  # scaled before the product, as Whisper does (dh^-0.5: a power of 2)
+        q = q.mul_(self.dh**-0.5) if fresh else q * self.dh**-0.5
+        y = self.attend(q, a.k_proj(h), a.v_proj(h))  # [B, S, d]
+        x = x + a.out_proj(y)  # a new x: the caller's stays
         h = self.fc1(self.final_layer_norm(x))  # [B, S, ffn]
         h = torch.ops.aten.gelu_(h) if fresh else F.gelu(h)
         x = x.add_(self.fc2(h)) if fresh else x + self.fc2(h)

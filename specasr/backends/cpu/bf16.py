@@ -5,8 +5,11 @@ encoder's matrices, and the decoder's cross-attention K/V projections (which als
 per window, over its 1500 frames), are held in bf16, and their products take bf16 inputs
 with fp32 accumulation (oneDNN: AVX512_BF16 or AMX). The per-token products (the decoder's
 other matrices and the head) keep their own type, fp32 or int8. The residual stream, the
-layer norms' arithmetic, the biases and attention stay fp32. With native bf16 an encoder
-product takes about half its fp32 time (measured: docs/benchmarks.md). Lossy: the
+layer norms' arithmetic and the biases stay fp32. The encoder's self-attention is bf16 too
+where the compiled library has its kernel (`Bf16Attention`: AVX512_BF16), else fp32; the
+decoder's attention stays fp32. With native bf16 an encoder product takes about half its
+fp32 time, and the kernel's attention a third of torch's fp32 one (measured:
+docs/benchmarks.md). Lossy: the
 encoder states move by bf16's rounding (8 significant bits), so this is a model of its own,
 like an int8 target; speculative decoding stays exact against it, since the target and the
 draft read the same states and the same cross K/V. Where the instructions are missing,
@@ -68,16 +71,59 @@ class Bf16Norm(nn.Module):
         return self.norm(x).to(BF16)
 
 
+class Bf16Attention(nn.Module):
+    """An encoder layer's self-attention (`specasr.models.whisper.SelfAttention`'s interface)
+    as one call into the compiled library (`fused.library`, `attend_bf16` in draft_step.cpp):
+    q, k, v [B, S, H·64] bf16, q scaled -> [B, S, H·64] fp32, the heads merged. Both products
+    are bf16 dot products summed in fp32, the softmax fp32. A window's output does not depend
+    on the other windows of the batch."""
+
+    def __init__(self, heads: int, lib) -> None:
+        super().__init__()
+        self.heads, self.lib = heads, lib
+
+    @classmethod
+    def of(cls, heads: int, d: int) -> Bf16Attention | None:
+        """The library's attention for `heads` heads of d / heads = 64 (every Whisper's), or None
+        where it cannot run: the library off or unbuilt, or built for a CPU without AVX512_BF16."""
+        from specasr.backends.cpu import fused
+
+        if d != 64 * heads or not fused.enabled():
+            return None
+        lib = fused.library()
+        return cls(heads, lib) if lib is not None and lib.attend_bf16_built() == 1 else None
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        import ctypes
+
+        q, k, v = (t.to(BF16).contiguous() for t in (q, k, v))  # [B, S, d] each
+        B, S, d = q.shape
+        out = torch.empty(B, S, d)  # [B, S, d] fp32
+        ptr = ctypes.c_void_p
+        code = self.lib.attend_bf16(
+            ptr(q.data_ptr()), ptr(k.data_ptr()), ptr(v.data_ptr()), ptr(out.data_ptr()),
+            B, S, self.heads, d // self.heads, torch.get_num_threads(),
+        )  # fmt: skip
+        if code:
+            raise RuntimeError(f"attend_bf16 refused [{B}, {S}, {d}] with {self.heads} heads (code {code})")
+        return out
+
+
 def bf16_encoder(encoder: nn.Module) -> nn.Module:
     """Makes a `specasr.models.whisper.WhisperEncoder`'s layers compute their products in
-    bf16, in place: q, k, v, out and fc2 return fp32 (the stream they feed), fc1 returns bf16
-    for GELU and fc2. The convolutions, positions and final norm stay fp32."""
+    bf16, in place: out and fc2 return fp32 (the stream they feed), fc1 returns bf16 for GELU
+    and fc2; q, k and v return bf16 into `Bf16Attention` where it runs, else fp32 into the
+    layer's own attention. The convolutions, positions and final norm stay fp32."""
     for layer in encoder.layers:
         if isinstance(layer.fc1, Bf16Linear):
             continue
         a = layer.self_attn
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(a, name, Bf16Linear.of(getattr(a, name)))
+        attention = Bf16Attention.of(layer.heads, layer.heads * layer.dh)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(a, name, Bf16Linear.of(getattr(a, name), torch.float32 if attention is None else BF16))
+        a.out_proj = Bf16Linear.of(a.out_proj)
+        if attention is not None:
+            layer.attend = attention
         layer.fc1, layer.fc2 = Bf16Linear.of(layer.fc1, BF16), Bf16Linear.of(layer.fc2)
         layer.self_attn_layer_norm = Bf16Norm(layer.self_attn_layer_norm)
         layer.final_layer_norm = Bf16Norm(layer.final_layer_norm)

@@ -22,7 +22,8 @@
  * this step writes the token's keys and values at `pos` and attends over 0 … pos. The cross
  * K/V are the runner's ([H, S, dh], bf16 or fp32).
  *
- * The file also exports `int8_rows`, an int8 target's head product (`fused.Int8Rows`; see there).
+ * The file also exports `int8_rows`, an int8 target's head product (`fused.Int8Rows`; see there),
+ * and `attend_bf16`, an encoder's self-attention in bf16 (`bf16.Bf16Attention`; see there).
  */
 #include <math.h>
 #include <omp.h>
@@ -39,7 +40,7 @@
  * `draft_model` and `draft_state` read changes, together with `ABI` in fused.py: Python checks
  * it (and sizeof(Dims) against its ctypes mirror) before calling anything, so a library and a
  * Python side that disagree fall back to torch instead of reading each other's memory wrongly. */
-#define SPECASR_DRAFT_ABI 3
+#define SPECASR_DRAFT_ABI 4
 
 /* The model's sizes, mirrored field for field by `_Dims` (a ctypes.Structure) in fused.py */
 typedef struct {
@@ -273,6 +274,109 @@ static inline void block_rows(const uint8_t *u, int in, const int8_t *wb, int R,
 }
 #endif
 
+
+/* ---- an encoder's self-attention in bf16 (attend_bf16) -------------------------------------
+ * softmax(Q Kᵀ) V per window and head over all S frames (no mask), Q already scaled, dh = 64:
+ * both products are AVX512_BF16 dot products of bf16 pairs summed in fp32 (vdpbf16ps), the
+ * softmax is fp32 and its weights are rounded to bf16 for the second product, as a bf16
+ * attention does. Per (window, head) K is packed as [dh / 2][S'][2] (16 keys per vector, S'
+ * = S rounded up to 16, zeros past S) and V as [S' / 2][dh][2]; a task is 8 queries of one
+ * head: their S' scores stay in the thread's cache, where a [S, S] score matrix per head did
+ * not (torch's fp32 flash attention ran at about a third of this speed: docs/benchmarks.md).
+ * Every task reads only its own window and head, so a window's output does not depend on the
+ * others in the batch, nor on the thread count. */
+#ifdef __AVX512BF16__
+#define ATT_DH 64
+#define ATT_ROWS 8
+
+static inline __m512 exp_ps(__m512 x) {
+    /* e^x = 2^n · 2^f, n = round(x log2 e), |f| <= 1/2; 2^f by its degree-6 Taylor polynomial
+     * (relative error about 1e-7); below -87 (weights under 1e-38) the input is clamped */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.540353039338161e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355814642844e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void attend_pack(const uint16_t *k, const uint16_t *v, int S, int Sp, int d, uint32_t *kp, uint16_t *vp) {
+    for (int j = 0; j < Sp; j++) {  /* kp[i][j]: key j's dims 2i, 2i+1 */
+        const uint32_t *row = (const uint32_t *)(k + (size_t)j * d);
+        for (int i = 0; i < ATT_DH / 2; i++) kp[(size_t)i * Sp + j] = j < S ? row[i] : 0u;
+    }
+    for (int j2 = 0; j2 < Sp / 2; j2++)  /* vp[j2][c]: dim c of keys 2·j2, 2·j2 + 1 */
+        for (int c = 0; c < ATT_DH; c++) {
+            const int j = 2 * j2;
+            vp[((size_t)j2 * ATT_DH + c) * 2] = j < S ? v[(size_t)j * d + c] : 0;
+            vp[((size_t)j2 * ATT_DH + c) * 2 + 1] = j + 1 < S ? v[(size_t)(j + 1) * d + c] : 0;
+        }
+}
+
+/* 8 queries (rows of them past S are zeros, never written) of one head: out rows, fp32 */
+static void attend_rows(const uint32_t *qp, int rows, const uint32_t *kp, const uint16_t *vp, int S, int Sp,
+                        float *sc, uint16_t *pb, float *out, int d) {
+    for (int j0 = 0; j0 < Sp; j0 += 16) {  /* scores [8][Sp] */
+        __m512 acc[ATT_ROWS];
+        for (int r = 0; r < ATT_ROWS; r++) acc[r] = _mm512_setzero_ps();
+        for (int i = 0; i < ATT_DH / 2; i++) {
+            const __m512bh kv = (__m512bh)_mm512_load_si512(kp + (size_t)i * Sp + j0);
+            for (int r = 0; r < ATT_ROWS; r++)
+                acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)qp[r * ATT_DH / 2 + i]), kv);
+        }
+        for (int r = 0; r < ATT_ROWS; r++) _mm512_store_ps(sc + (size_t)r * Sp + j0, acc[r]);
+    }
+    float inv[ATT_ROWS];
+    for (int r = 0; r < ATT_ROWS; r++) {  /* softmax in fp32; the weights leave as bf16 pairs */
+        float *s = sc + (size_t)r * Sp;
+        for (int j = S; j < Sp; j++) s[j] = -INFINITY;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < Sp; j += 16) m = _mm512_max_ps(m, _mm512_load_ps(s + j));
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < Sp; j += 32) {
+            const bool two = j + 16 < Sp;
+            const __m512 e0 = exp_ps(_mm512_sub_ps(_mm512_load_ps(s + j), mx));
+            const __m512 e1 = two ? exp_ps(_mm512_sub_ps(_mm512_load_ps(s + j + 16), mx)) : _mm512_setzero_ps();
+            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  /* e0 low, e1 high */
+            if (two) _mm512_storeu_si512(pb + (size_t)r * Sp + j, both);
+            else _mm256_storeu_si256((__m256i *)(pb + (size_t)r * Sp + j), _mm512_castsi512_si256(both));
+        }
+        inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    for (int r0 = 0; r0 < ATT_ROWS && r0 < rows; r0 += 4) {  /* out = P V / sum, 4 rows × 64 dims */
+        __m512 acc[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int j2 = 0; j2 < Sp / 2; j2++) {
+            const __m512i *vrow = (const __m512i *)(vp + (size_t)j2 * ATT_DH * 2);
+            const __m512bh v0 = (__m512bh)_mm512_load_si512(vrow), v1 = (__m512bh)_mm512_load_si512(vrow + 1);
+            const __m512bh v2 = (__m512bh)_mm512_load_si512(vrow + 2), v3 = (__m512bh)_mm512_load_si512(vrow + 3);
+            for (int r = 0; r < 4; r++) {
+                const uint32_t pair = ((const uint32_t *)(pb + (size_t)(r0 + r) * Sp))[j2];
+                const __m512bh p = (__m512bh)_mm512_set1_epi32((int)pair);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], p, v0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], p, v1);
+                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], p, v2);
+                acc[r][3] = _mm512_dpbf16_ps(acc[r][3], p, v3);
+            }
+        }
+        for (int r = 0; r < 4 && r0 + r < rows; r++) {
+            float *o = out + (size_t)(r0 + r) * d;
+            const __m512 scale = _mm512_set1_ps(inv[r0 + r]);
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[r][c], scale));
+        }
+    }
+}
+#endif
+
 /* ---- the step ------------------------------------------------------------------------- */
 extern "C" {
 
@@ -460,6 +564,72 @@ int int8_rows(const float *x, int rows, int in, const int8_t *w4, const float *s
         }
     }
     return 0;
+}
+
+/* 1 where this build has attend_bf16's kernel (the CPU computes AVX512_BF16 dot products) */
+int attend_bf16_built(void) {
+#ifdef __AVX512BF16__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* out [B, S, H·64] fp32 = each head's softmax(Q Kᵀ) V for q, k, v [B, S, H·64] bf16 (contiguous,
+ * q scaled), see above. Returns 1 for other head sizes, 2 where the kernel is not built, 3 when
+ * memory runs out (nothing written then), else 0. Tasks split over `threads` (at most the
+ * caller's OpenMP count). */
+int attend_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, float *out, int B, int S, int H, int dh,
+                int threads) {
+    if (dh != 64 || B < 1 || S < 1 || H < 1) return 1;
+#ifdef __AVX512BF16__
+    const int d = H * ATT_DH, Sp = (S + 15) & ~15, blocks = (S + ATT_ROWS - 1) / ATT_ROWS;
+    const size_t kp_n = (size_t)(ATT_DH / 2) * Sp, vp_n = (size_t)Sp * ATT_DH;  /* uint32s, uint16s */
+    const size_t per_head = kp_n * 4 + vp_n * 2;                                    /* bytes, a multiple of 64 */
+    char *packs = (char *)aligned_alloc(64, (size_t)B * H * per_head);
+    if (!packs) return 3;
+    const int cap = omp_get_max_threads(), team = threads < cap ? threads : cap;
+    int failed = 0;
+#pragma omp parallel num_threads(team > 0 ? team : 1)
+    {
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * H; bh++) {
+            const int b = bh / H, h = bh % H;
+            char *pk = packs + (size_t)bh * per_head;
+            attend_pack(k + (size_t)b * S * d + h * ATT_DH, v + (size_t)b * S * d + h * ATT_DH, S, Sp, d,
+                        (uint32_t *)pk, (uint16_t *)(pk + kp_n * 4));
+        }
+        float *sc = (float *)aligned_alloc(64, (size_t)ATT_ROWS * Sp * 4);
+        uint16_t *pb = (uint16_t *)aligned_alloc(64, (size_t)ATT_ROWS * Sp * 2);
+        if (!sc || !pb) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (long task = 0; task < (long)B * H * blocks; task++) {
+                const int bh = (int)(task / blocks), q0 = (int)(task % blocks) * ATT_ROWS;
+                const int b = bh / H, h = bh % H, rows = S - q0 < ATT_ROWS ? S - q0 : ATT_ROWS;
+                const char *pk = packs + (size_t)bh * per_head;
+                uint32_t qp[ATT_ROWS * ATT_DH / 2];
+                for (int r = 0; r < ATT_ROWS; r++) {
+                    const uint32_t *row = (const uint32_t *)(q + ((size_t)b * S + q0 + r) * d + h * ATT_DH);
+                    for (int i = 0; i < ATT_DH / 2; i++) qp[r * ATT_DH / 2 + i] = r < rows ? row[i] : 0u;
+                }
+                attend_rows(qp, rows, (const uint32_t *)pk, (const uint16_t *)(pk + kp_n * 4), S, Sp, sc, pb,
+                            out + ((size_t)b * S + q0) * d + h * ATT_DH, d);
+            }
+        }
+        free(sc);
+        free(pb);
+    }
+    free(packs);
+    return failed ? 3 : 0;
+#else
+    (void)q; (void)k; (void)v; (void)out; (void)threads;
+    return 2;
+#endif
 }
 
 }  /* extern "C" */

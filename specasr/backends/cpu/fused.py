@@ -21,7 +21,8 @@ can alternate within one decode.
 
 The same library computes an int8 target's head (`Int8Rows`, `int8_rows`): fbgemm's per-row
 product, bitwise, from the int8 rows laid out in 16-row blocks, so a load does not pay for
-fbgemm packing its own copy. `SPECASR_FUSED_DRAFT=0` turns the library off for both.
+fbgemm packing its own copy; and a bf16 encoder's self-attention (`bf16.Bf16Attention`,
+`attend_bf16`). `SPECASR_FUSED_DRAFT=0` turns the library off for all three.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ NAME = "specasr_draft_step"
 MAX_THREADS = 8
 # what the library's specasr_draft_abi() must return (SPECASR_DRAFT_ABI in draft_step.cpp): bumped
 # on both sides together whenever a signature, `_Dims` or the pointers' order changes
-ABI = 3
+ABI = 4
 # cpp_extension adds only -fPIC, -std=c++20 and torch's include paths of its own: the tuning is
 # these (-march=native: built per machine, keyed by the CPU's flags below). -ffp-contract=off:
 # g++ would fuse a * b + c into FMAs where gcc in ISO C mode does not; off, the C++ build rounds
@@ -209,6 +210,9 @@ def library() -> ctypes.CDLL | None:
     i = ctypes.c_int
     lib.int8_rows.argtypes = [vp, i, i, vp, vp, vp, i, vp, vp, vp, i]
     lib.int8_rows.restype = ctypes.c_int
+    lib.attend_bf16_built.restype = ctypes.c_int
+    lib.attend_bf16.argtypes = [vp, vp, vp, vp, i, i, i, i, i]
+    lib.attend_bf16.restype = ctypes.c_int
     return lib
 
 

@@ -166,12 +166,12 @@ def test_the_lean_loop_calls_its_int8_steps_and_head_without_the_torch_function_
         assert torch.equal(quick, draft.reduced_logits(x[:, -2:]))
 
 
-def test_every_layers_bf16_cross_kv_from_two_products_gives_the_layer_by_layer_bits():
+def test_every_layers_bf16_cross_kv_from_two_products_gives_the_layer_by_layer_bits(monkeypatch):
     """`LeanDecoder.cross_kv` (`CrossProducts`): for one row, one product for every layer's bf16
     keys and one for their values give each layer's K (or Kᵀ) and V bitwise as
-    `DecoderLayer.cross_kv` gives them, contiguous; batches go layer by layer; the layers'
-    weights are views of the joined ones (nothing held twice); fp32 or mixed projections keep
-    their own products."""
+    `DecoderLayer.cross_kv` gives them, contiguous; a batch is joined window by window, with the
+    same bits; the layers' weights are views of the joined ones (nothing held twice); fp32 or
+    mixed projections keep their own products."""
     from tiny_pairs import random_tiny_pair
 
     from specasr.backends.cpu.bf16 import Bf16Linear, bf16_cross_kv
@@ -182,10 +182,17 @@ def test_every_layers_bf16_cross_kv_from_two_products_gives_the_layer_by_layer_b
     bf16_cross_kv(target.model.decoder)
     states = torch.randn(2, 1500, target.config.d_model, generator=torch.Generator().manual_seed(8))
     decoder = LeanDecoder(target)
+    joined_rows = []
+    call = CrossProducts.__call__
+    monkeypatch.setattr(
+        CrossProducts, "__call__", lambda c, x, kt: joined_rows.append(x.shape[0]) or call(c, x, kt)
+    )
     with torch.inference_mode():
-        for kt, rows in ((False, 1), (False, 2), (True, 1), (True, 2)):  # batches: layer by layer
+        for kt, rows in ((False, 1), (False, 2), (True, 1), (True, 2)):  # batches: window by window
             want = [layer.cross_kv(states[:rows], kt) for layer in decoder.layers]
+            joined_rows.clear()
             got = decoder.cross_kv(states[:rows], kt)
+            assert joined_rows == [1] * rows
             assert isinstance(decoder._cross, CrossProducts) and decoder._cross is not CrossProducts.NONE
             for (k, v), (gk, gv) in zip(want, got):
                 assert gk.is_contiguous() and gv.is_contiguous() and gk.dtype == gv.dtype == torch.float32

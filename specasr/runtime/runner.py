@@ -104,13 +104,19 @@ class LeanDecoder:
     def cross_kv(self, states: Tensor, kt: bool) -> list[tuple[Tensor, Tensor]]:
         """Every layer's cross K, V for encoder states [B, S, d] (a window's set-up), each
         layer's as `DecoderLayer.cross_kv(states, kt)` lays it out and computes it: from one
-        product for every layer's keys and one for their values (`CrossProducts`) for one row
-        and bf16 projections, else layer by layer."""
+        product for every layer's keys and one for their values (`CrossProducts`) for bf16
+        projections, window by window as the layers project a batch, else layer by layer."""
         if self._cross is None:
             self._cross = CrossProducts.of(self.layers) or CrossProducts.NONE
-        if self._cross is CrossProducts.NONE or states.shape[0] > 1:
+        if self._cross is CrossProducts.NONE:
             return [layer.cross_kv(states, kt) for layer in self.layers]
-        return self._cross(states, kt)
+        if states.shape[0] == 1:
+            return self._cross(states, kt)
+        rows = [self._cross(states[b : b + 1], kt) for b in range(states.shape[0])]
+        return [
+            (torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows]))
+            for i in range(len(rows[0]))
+        ]
 
 
 class CrossProducts:
@@ -122,10 +128,11 @@ class CrossProducts:
     bits are the layers' own (tested). The layers' weights become views of the joined ones,
     so nothing is held twice.
 
-    One row only (B = 1: a window decoded alone, the sequential strategy): from some B on
-    oneDNN's kernel for [d, d] × [B, d, S] sums in another order (B = 8 gave other bits than
-    the layers' products), so batches keep `DecoderLayer.cross_kv`. fp32 projections keep it
-    too: joining them was no faster (measured: docs/benchmarks.md)."""
+    One row a call: from some B on oneDNN's kernel for [d, d] × [B, d, S] sums in another order
+    (B = 8 gave other bits than the layers' products), so a batch is projected window by
+    window (`DecoderRunner.cross_kv`), as `DecoderLayer.cross_kv` projects one. fp32
+    projections keep the layers' products: joining them was no faster (measured:
+    docs/benchmarks.md)."""
 
     NONE: CrossProducts  # the marker for layers this cannot serve (set below)
 

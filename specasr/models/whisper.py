@@ -124,7 +124,7 @@ class EncoderLayer(nn.Module):
         activated and summed in place (`_in_place`): bitwise the same."""
         a, fresh = self.self_attn, _in_place()
         h = self.self_attn_layer_norm(x)
-        q = a.q_proj(h)  # scaled before the product, as Whisper does (dh^-0.5: a power of 2)
+        q = a.q_proj(h)  # scaled before the product, as Whisper does (64^-0.5: exact in bf16 too)
         q = q.mul_(self.dh**-0.5) if fresh else q * self.dh**-0.5
         y = self.attend(q, a.k_proj(h), a.v_proj(h))  # [B, S, d]
         x = x + a.out_proj(y)  # a new x: the caller's stays

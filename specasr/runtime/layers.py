@@ -12,6 +12,7 @@ values are scattered to each row's own positions and a per-row mask hides the re
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -59,6 +60,22 @@ def embed(tokens_table: Tensor, positions_table: Tensor, tokens: Tensor, start: 
     if isinstance(start, Tensor):
         return tokens_table[tokens] + positions_table[start]
     return tokens_table[tokens] + positions_table[start : start + tokens.shape[1]]
+
+
+def by_window(
+    project: Callable[[Tensor], list[tuple[Tensor, Tensor]]], states: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """Cross K/V of encoder states [B, S, d] window by window: `project` maps one window's
+    states [1, S, d] to per layer (K, V), each [1, …]; a batch's windows are projected alone and
+    joined along the first dim. A window's [S, d] products and layout copies stay in cache,
+    where a batch's [B·S, d] ones ran 1.5× slower a window (docs/benchmarks.md), and each
+    window's K/V are bitwise those it gets alone."""
+    if states.shape[0] == 1:
+        return project(states)
+    rows = [project(states[b : b + 1]) for b in range(states.shape[0])]
+    return [
+        (torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows])) for i in range(len(rows[0]))
+    ]
 
 
 class Attention(nn.Module):
@@ -115,12 +132,9 @@ class DecoderLayer(nn.Module):
         """states [B, S, d] -> K, V [B, H, S, dh], contiguous: attention reads them every
         step, and a strided K/V would be copied by every call. kt: Kᵀ [B, H, dh, S] instead,
         what a cached pass of a layer with `fixed_rows` reads (`specasr.runtime.runner.LeanRunner`).
-        A batch is projected row by row: a row's [S, d] products and layout copies stay in
-        cache, where a batch's [B·S, d] ones ran 1.5× slower a row (docs/benchmarks.md), and
-        each row's K/V are then bitwise those it gets alone."""
+        A batch is projected window by window (`by_window`)."""
         if states.shape[0] > 1:
-            rows = [self.cross_kv(states[b : b + 1], kt) for b in range(states.shape[0])]
-            return torch.cat([k for k, _ in rows]), torch.cat([v for _, v in rows])
+            return by_window(lambda x: [self.cross_kv(x, kt)], states)[0]
         a = self.encoder_attn
         v = self._split(a.v_proj(states)).contiguous()
         if kt and type(a.k_proj) is nn.Linear:  # Kᵀ = W · statesᵀ: one product, no transposing copy

@@ -33,7 +33,7 @@ from specasr.backends.cpu.scripted import fixed_mask
 from specasr.backends.process import plain_calls
 from specasr.constants import N_TEXT_CTX
 from specasr.runtime.forms import LayerForm, choose
-from specasr.runtime.layers import DecoderLayer, embed
+from specasr.runtime.layers import DecoderLayer, by_window, embed
 
 
 def _form(linear: nn.Module) -> nn.Module:
@@ -110,13 +110,7 @@ class LeanDecoder:
             self._cross = CrossProducts.of(self.layers) or CrossProducts.NONE
         if self._cross is CrossProducts.NONE:
             return [layer.cross_kv(states, kt) for layer in self.layers]
-        if states.shape[0] == 1:
-            return self._cross(states, kt)
-        rows = [self._cross(states[b : b + 1], kt) for b in range(states.shape[0])]
-        return [
-            (torch.cat([r[i][0] for r in rows]), torch.cat([r[i][1] for r in rows]))
-            for i in range(len(rows[0]))
-        ]
+        return by_window(lambda x: self._cross(x, kt), states)
 
 
 class CrossProducts:
@@ -130,7 +124,7 @@ class CrossProducts:
 
     One row a call: from some B on oneDNN's kernel for [d, d] × [B, d, S] sums in another order
     (B = 8 gave other bits than the layers' products), so a batch is projected window by
-    window (`DecoderRunner.cross_kv`), as `DecoderLayer.cross_kv` projects one. fp32
+    window (`LeanDecoder.cross_kv`, `layers.by_window`), as `DecoderLayer.cross_kv` projects one. fp32
     projections keep the layers' products: joining them was no faster (measured:
     docs/benchmarks.md)."""
 

@@ -22,6 +22,8 @@ leaving bf16 (`Bf16Linear`, one pass).
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -94,8 +96,6 @@ class Bf16Attention(nn.Module):
         return cls(heads, lib) if lib is not None and lib.attend_bf16_built() == 1 else None
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        import ctypes
-
         q, k, v = (t.to(BF16).contiguous() for t in (q, k, v))  # [B, S, d] each
         B, S, d = q.shape
         out = torch.empty(B, S, d)  # [B, S, d] fp32
